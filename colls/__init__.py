@@ -1,0 +1,104 @@
+"""colls: collectives for any array that speaks DLPack, over pluggable transports.
+
+The public API mirrors torch.distributed::
+
+    import colls
+    colls.init_process_group("tcp")          # env:// rendezvous, as set by colls-run
+    colls.all_reduce(array)                  # NumPy, torch, CuPy, ... in place
+
+Names are resolved lazily (PEP 562) so that ``import colls`` and the launcher ``colls.run`` stay
+cheap: nothing but the module asked for is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # lifecycle and groups
+    "init_process_group": "colls.lifecycle",
+    "destroy_process_group": "colls.lifecycle",
+    "is_initialized": "colls.lifecycle",
+    "get_rank": "colls.lifecycle",
+    "get_world_size": "colls.lifecycle",
+    "get_backend": "colls.lifecycle",
+    "new_group": "colls.lifecycle",
+    "get_process_group_ranks": "colls.lifecycle",
+    "get_global_rank": "colls.lifecycle",
+    "get_group_rank": "colls.lifecycle",
+    "available_backends": "colls.lifecycle",
+    "group": "colls.registry",
+    "GroupMember": "colls.registry",
+    "ProcessGroup": "colls.process_group",
+    # collectives
+    "all_reduce": "colls.collectives",
+    "broadcast": "colls.collectives",
+    "reduce": "colls.collectives",
+    "all_gather": "colls.collectives",
+    "all_gather_into_tensor": "colls.collectives",
+    "gather": "colls.collectives",
+    "scatter": "colls.collectives",
+    "reduce_scatter": "colls.collectives",
+    "reduce_scatter_tensor": "colls.collectives",
+    "all_to_all": "colls.collectives",
+    "all_to_all_single": "colls.collectives",
+    "barrier": "colls.collectives",
+    "monitored_barrier": "colls.monitored",
+    # multigpu list forms
+    "all_reduce_multigpu": "colls.multigpu",
+    "broadcast_multigpu": "colls.multigpu",
+    "reduce_multigpu": "colls.multigpu",
+    "all_gather_multigpu": "colls.multigpu",
+    "reduce_scatter_multigpu": "colls.multigpu",
+    # point-to-point
+    "send": "colls.p2p",
+    "recv": "colls.p2p",
+    "isend": "colls.p2p",
+    "irecv": "colls.p2p",
+    "batch_isend_irecv": "colls.p2p",
+    "P2POp": "colls.p2p",
+    # objects
+    "all_gather_object": "colls.objects",
+    "broadcast_object_list": "colls.objects",
+    "gather_object": "colls.objects",
+    "scatter_object_list": "colls.objects",
+    "send_object_list": "colls.objects",
+    "recv_object_list": "colls.objects",
+    # ops, work, errors, stores
+    "ReduceOp": "colls.reduce_ops",
+    "make_premul_sum": "colls.reduce_ops",
+    "Work": "colls.work",
+    "Store": "colls.store",
+    "TCPStore": "colls.store",
+    "FileStore": "colls.store",
+    "HashStore": "colls.store",
+    "PrefixStore": "colls.store",
+    "register_rendezvous_handler": "colls.rendezvous",
+    "CollsError": "colls.errors",
+    "BackendError": "colls.errors",
+    "NetworkError": "colls.errors",
+    "StoreError": "colls.errors",
+    "CollsTimeoutError": "colls.errors",
+    "RendezvousError": "colls.errors",
+    "BackendUnavailableError": "colls.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["functional", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name == "functional":
+            return importlib.import_module("colls.functional")
+        raise AttributeError(f"module 'colls' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,230 @@
+"""THE one place where a public call becomes a backend call.
+
+Every public collective and point-to-point function does the same few steps, in this order, by
+calling into this module: resolve the group (None / WORLD -> the default group; a non-member
+returns early), canonicalise ranks (world rank or ``group_*`` rank -> group rank), check and
+import the arrays (dtype, sizes, list lengths, writability), check the reduce op, then submit the
+job in the group's call order and honour ``async_op``. Nothing else in colls translates ranks or
+validates user arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from colls import buffers
+from colls.buffers import Buffer
+from colls.process_group import ProcessGroup
+from colls.reduce_ops import ReduceSpec, resolve_op
+from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD
+from colls.work import Work
+
+NOT_INITIALIZED = (
+    "Default process group has not been initialized, please make sure to call "
+    "init_process_group."
+)
+
+
+# -- groups ---------------------------------------------------------------------------------------
+
+
+def default_group() -> ProcessGroup:
+    """Return the world group, or raise the error torch raises before initialisation."""
+    pg = REGISTRY.default
+    if pg is None:
+        raise ValueError(NOT_INITIALIZED)
+    return pg
+
+
+def resolve_group(group: Any) -> ProcessGroup | None:
+    """Return the group a call runs on, or None when this process is not a member of it."""
+    if group is None or group is WORLD:
+        return default_group()
+    if group is NON_GROUP_MEMBER:
+        default_group()  # still an error before init_process_group
+        return None
+    if isinstance(group, ProcessGroup):
+        if group.destroyed:
+            raise ValueError(f"process group {group.name!r} has been destroyed")
+        return group
+    raise TypeError(
+        f"group must be a colls ProcessGroup, group.WORLD, GroupMember.NON_GROUP_MEMBER or None, "
+        f"got {type(group).__name__}"
+    )
+
+
+def my_rank() -> int:
+    """This process's world rank, for error messages (-1 before init)."""
+    return REGISTRY.world_rank
+
+
+# -- ranks --------------------------------------------------------------------------------------
+
+
+def group_rank_of(
+    pg: ProcessGroup,
+    global_rank: int | None,
+    group_rank: int | None,
+    *,
+    arg: str,
+    op: str,
+    allow_any: bool = False,
+) -> int | None:
+    """Turn a world rank (``src``/``dst``) or a group rank (``group_src``/...) into a group rank.
+
+    Exactly one of the two may be given; with neither, ``allow_any`` decides whether that means
+    "any source" (returns None) or is an error.
+
+    Raises:
+        ValueError: both or neither given, a rank out of range, or a world rank not in the group.
+    """
+    where = f"{op} on rank {my_rank()}"
+    if global_rank is not None and group_rank is not None:
+        raise ValueError(f"{where}: can't specify both {arg} and group_{arg}")
+    if global_rank is None and group_rank is None:
+        if allow_any:
+            return None
+        raise ValueError(f"{where}: either {arg} (a world rank) or group_{arg} must be specified")
+    if group_rank is not None:
+        _check_int(group_rank, f"group_{arg}", where)
+        if not 0 <= group_rank < pg.size:
+            raise ValueError(
+                f"{where}: group_{arg}={group_rank} is out of range for group {pg.name!r} "
+                f"of size {pg.size} (expected 0..{pg.size - 1})"
+            )
+        return group_rank
+    _check_int(global_rank, arg, where)
+    translated = pg.group_rank(global_rank)
+    if translated < 0:
+        raise ValueError(
+            f"{where}: {arg}={global_rank} is not a member of group {pg.name!r} "
+            f"(its world ranks are {list(pg.global_ranks)})"
+        )
+    return translated
+
+
+def _check_int(value: Any, arg: str, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: {arg} must be an int, got {type(value).__name__}")
+
+
+def check_peer(pg: ProcessGroup, peer: int | None, *, arg: str, op: str) -> None:
+    """Reject point-to-point with oneself (torch raises the same ValueError)."""
+    if peer is not None and peer == pg.rank:
+        raise ValueError(
+            f"{op} on rank {my_rank()}: invalid {arg}: it should not be the rank of the "
+            f"calling process ({pg.global_rank(peer)})"
+        )
+
+
+def check_tag(tag: Any, *, op: str) -> int:
+    """Return ``tag`` if it is a valid user tag (an int >= 0; negative tags are colls' own)."""
+    _check_int(tag, "tag", f"{op} on rank {my_rank()}")
+    if tag < 0:
+        raise ValueError(f"{op} on rank {my_rank()}: tag must be >= 0, got {tag}")
+    return tag
+
+
+# -- arrays -------------------------------------------------------------------------------------
+
+
+def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
+    """Import one array argument (see :func:`colls.buffers.as_buffer`).
+
+    A :class:`~colls.buffers.Buffer` passes through unchanged: colls' own layers (functional,
+    multigpu) hand over scratch buffers whose dtype (bfloat16) NumPy cannot express.
+    """
+    if isinstance(obj, Buffer):
+        return obj
+    return buffers.as_buffer(obj, writable=writable, arg=arg, op=op, rank=my_rank())
+
+
+def buffer_list(
+    objs: Any, *, arg: str, op: str, writable: bool, length: int | None
+) -> list[Buffer]:
+    """Import a list argument, checking it is a list/tuple of ``length`` arrays."""
+    if not isinstance(objs, (list, tuple)):
+        raise TypeError(
+            f"{op} on rank {my_rank()}: {arg} must be a list of arrays, got {type(objs).__name__}"
+        )
+    if length is not None and len(objs) != length:
+        raise ValueError(
+            f"{op} on rank {my_rank()}: {arg} must hold {length} arrays (one per rank of the "
+            f"group), got {len(objs)}"
+        )
+    return [
+        buffer(obj, arg=f"{arg}[{i}]", op=op, writable=writable) for i, obj in enumerate(objs)
+    ]
+
+
+def check_same_dtype(reference: Buffer, others: Sequence[Buffer], *, names: str, op: str) -> None:
+    """All of ``others`` must have ``reference``'s dtype."""
+    for i, other in enumerate(others):
+        if other.dtype is not reference.dtype:
+            raise TypeError(
+                f"{op} on rank {my_rank()}: {names}[{i}] has dtype {other.dtype.name}, "
+                f"expected {reference.dtype.name} like the other arguments"
+            )
+
+
+def check_numel(buf: Buffer, expected: int, *, arg: str, op: str, why: str) -> None:
+    """``buf`` must hold ``expected`` elements (``why`` says where the number comes from)."""
+    if buf.numel != expected:
+        raise ValueError(
+            f"{op} on rank {my_rank()}: {arg} has {buf.numel} elements, expected {expected} "
+            f"({why})"
+        )
+
+
+def row_splits(
+    buf: Buffer, split_sizes: Sequence[int] | None, *, size: int, arg: str, op: str
+) -> list[int]:
+    """Turn torch's dim-0 split sizes of ``buf`` into element counts per rank.
+
+    None means equal splits, which needs dim 0 divisible by the group size.
+    """
+    where = f"{op} on rank {my_rank()}"
+    rows = buf.shape[0] if buf.shape else 1
+    row_numel = buf.numel // rows if rows else 0
+    if split_sizes is None or len(split_sizes) == 0:
+        if rows % size:
+            raise ValueError(
+                f"{where}: {arg} has {rows} rows in dim 0, which the group size {size} does "
+                f"not divide; pass {arg}_split_sizes"
+            )
+        return [rows // size * row_numel] * size
+    splits = list(split_sizes)
+    if len(splits) != size:
+        raise ValueError(
+            f"{where}: {arg}_split_sizes must have {size} entries (one per rank), got {len(splits)}"
+        )
+    for i, rows_i in enumerate(splits):
+        _check_int(rows_i, f"{arg}_split_sizes[{i}]", where)
+        if rows_i < 0:
+            raise ValueError(f"{where}: {arg}_split_sizes[{i}]={rows_i} is negative")
+    if sum(splits) != rows:
+        raise ValueError(
+            f"{where}: {arg}_split_sizes sum to {sum(splits)} rows but {arg} has {rows} rows in dim 0"
+        )
+    return [rows_i * row_numel for rows_i in splits]
+
+
+def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
+    """Check that ``op`` applies to ``buf``'s dtype, before any byte moves."""
+    return resolve_op(op, buf.dtype, op_name=op_name, rank=my_rank())
+
+
+# -- submission ---------------------------------------------------------------------------------
+
+
+def submit(
+    pg: ProcessGroup, op: str, job: Callable[[int], Any], *, async_op: bool
+) -> Work | None:
+    """Run ``job(tag)`` as the next collective of ``pg``; return a Work if ``async_op``."""
+    tag = pg.next_tag()
+    return pg.run(
+        lambda: job(tag),
+        description=f"{op} on group {pg.name!r} (rank {pg.rank} of {pg.size})",
+        async_op=async_op,
+    )

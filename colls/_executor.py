@@ -1,0 +1,102 @@
+"""The serial executor that runs one group's collectives in call order.
+
+Every rank issues a group's collectives in the same order, and the backend contract says
+collectives run one at a time in that order. A synchronous call with nothing queued runs inline
+on the caller's thread (no thread hand-off on the latency path); anything else is queued to the
+group's daemon thread, which is what makes ``async_op=True`` progress while the caller computes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from colls.work import Work
+
+_STOP = object()
+
+
+class SerialExecutor:
+    """Run submitted jobs one at a time, in submission order."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._running = threading.Lock()  # held by whoever executes a job
+        self._state = threading.Lock()  # guards _pending and _thread
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def run_inline_or_submit(self, job: Callable[[], Any], work: Work) -> bool:
+        """Run ``job`` now on this thread if nothing is queued, else queue it.
+
+        Returns True when the job ran inline (``work`` is then already complete).
+        """
+        with self._state:
+            self._check_open()
+            inline = self._pending == 0
+            self._pending += 1
+            if inline:
+                self._running.acquire()
+        if not inline:
+            self._enqueue(job, work)
+            return False
+        try:
+            _execute(job, work)
+        finally:
+            self._running.release()
+            with self._state:
+                self._pending -= 1
+        return True
+
+    def submit(self, job: Callable[[], Any], work: Work) -> None:
+        """Queue ``job`` to run after everything submitted before it; ``work`` gets its result."""
+        with self._state:
+            self._check_open()
+            self._pending += 1
+        self._enqueue(job, work)
+
+    def close(self) -> None:
+        """Stop the worker thread after the queued jobs (does not wait for it)."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            if self._thread is not None:
+                self._queue.put(_STOP)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"process group {self._name!r} has been destroyed")
+
+    def _enqueue(self, job: Callable[[], Any], work: Work) -> None:
+        with self._state:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"colls-group-{self._name}", daemon=True
+                )
+                self._thread.start()
+        self._queue.put((job, work))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            job, work = item
+            with self._running:
+                _execute(job, work)
+            with self._state:
+                self._pending -= 1
+
+
+def _execute(job: Callable[[], Any], work: Work) -> None:
+    try:
+        value = job()
+    except BaseException as exc:  # delivered to whoever waits on the Work
+        work.set_exception(exc)
+    else:
+        work.set_result(value)

@@ -1,0 +1,130 @@
+"""Algorithm selection: the one place that decides which algorithm runs each collective.
+
+:func:`choose` looks at the collective, the message size and the world size, after honouring the
+``COLLS_ALGORITHM`` override ("all_reduce=ring,broadcast=binomial"). The tuning knobs are
+``COLLS_SMALL_MESSAGE_BYTES`` (latency-optimal algorithms up to it, bandwidth-optimal ones above)
+and ``COLLS_SEGMENT_BYTES`` (the pipelining unit). docs/algorithms.md explains each rule with the
+alpha-beta cost model.
+
+Every rank must reach the same decision, so ``nbytes`` is always a size every rank knows (the
+whole buffer of the collective, not a rank's share) and the environment must agree across ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from colls import env
+
+#: Valid algorithm names per collective (what COLLS_ALGORITHM accepts).
+ALGORITHMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "all_reduce": ("recursive_doubling", "ring"),
+        "broadcast": ("binomial", "scatter_allgather", "pipeline"),
+        "reduce": ("binomial", "ring"),
+        "all_gather": ("bruck", "ring"),
+        "gather": ("binomial", "direct"),
+        "scatter": ("binomial", "direct"),
+        "reduce_scatter": ("ring",),
+        "all_to_all": ("pairwise",),
+        "barrier": ("dissemination",),
+    }
+)
+
+#: A chain pipeline beats scatter+allgather once it has about world_size segments in flight
+#: (bandwidth term m(1 + (n-2)/S) vs 2m(n-1)/n); twice that also pays for its extra latencies.
+PIPELINE_SEGMENTS_PER_RANK = 2
+
+
+def _parse_override(text: str) -> dict[str, str]:
+    """Parse ``COLLS_ALGORITHM`` ("collective=algorithm,...") into a validated dict."""
+    forced: dict[str, str] = {}
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        collective, sep, algorithm = (part.strip() for part in entry.partition("="))
+        if not sep or not collective or not algorithm:
+            raise ValueError(
+                f"COLLS_ALGORITHM={text!r}: entry {entry!r} is not 'collective=algorithm' "
+                "(e.g. 'all_reduce=ring,broadcast=binomial')"
+            )
+        if collective not in ALGORITHMS:
+            raise ValueError(
+                f"COLLS_ALGORITHM={text!r}: unknown collective {collective!r}; "
+                f"valid collectives: {', '.join(ALGORITHMS)}"
+            )
+        if algorithm not in ALGORITHMS[collective]:
+            raise ValueError(
+                f"COLLS_ALGORITHM={text!r}: unknown {collective} algorithm {algorithm!r}; "
+                f"valid: {', '.join(ALGORITHMS[collective])}"
+            )
+        forced[collective] = algorithm
+    return forced
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_override(text: str) -> Mapping[str, str]:
+    return MappingProxyType(_parse_override(text))
+
+
+def overrides() -> Mapping[str, str]:
+    """Return the algorithms forced by ``COLLS_ALGORITHM`` (collective -> algorithm).
+
+    Raises:
+        ValueError: the variable names an unknown collective or algorithm (the message lists the
+            valid ones) or an entry is not ``collective=algorithm``.
+    """
+    return _cached_override(env.get("COLLS_ALGORITHM"))
+
+
+def segment_bytes() -> int:
+    """Return the pipelining segment size in bytes (``COLLS_SEGMENT_BYTES``)."""
+    return int(env.get("COLLS_SEGMENT_BYTES"))
+
+
+def segment_elements(itemsize: int) -> int:
+    """Return how many elements of ``itemsize`` bytes make one pipeline segment (at least 1)."""
+    return max(1, segment_bytes() // max(1, itemsize))
+
+
+def choose(collective: str, nbytes: int, world_size: int) -> str:
+    """Return the algorithm that runs ``collective`` on a ``nbytes`` buffer over ``world_size``.
+
+    Args:
+        collective: a key of :data:`ALGORITHMS` ("all_reduce", "broadcast", ...).
+        nbytes: the size of the collective's whole buffer in bytes, the same on every rank
+            (all_gather/gather: the gathered output; scatter: the scattered input;
+            reduce_scatter: the input).
+        world_size: number of ranks in the group.
+
+    Returns:
+        A name from ``ALGORITHMS[collective]``.
+
+    Raises:
+        ValueError: unknown collective, or an invalid ``COLLS_ALGORITHM``.
+    """
+    if collective not in ALGORITHMS:
+        raise ValueError(
+            f"collective must be one of {', '.join(ALGORITHMS)}, got {collective!r}"
+        )
+    forced = overrides().get(collective)
+    if forced is not None:
+        return forced
+    small = nbytes <= int(env.get("COLLS_SMALL_MESSAGE_BYTES"))
+    if collective == "all_reduce":
+        return "recursive_doubling" if small else "ring"
+    if collective == "broadcast":
+        if small:
+            return "binomial"
+        pipeline_min = PIPELINE_SEGMENTS_PER_RANK * world_size * segment_bytes()
+        return "pipeline" if nbytes >= pipeline_min else "scatter_allgather"
+    if collective == "reduce":
+        return "binomial" if small else "ring"
+    if collective == "all_gather":
+        return "bruck" if small else "ring"
+    if collective in ("gather", "scatter"):
+        return "binomial" if small else "direct"
+    return ALGORITHMS[collective][0]

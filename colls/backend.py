@@ -1,0 +1,147 @@
+"""The backend contract: what a transport plugin implements.
+
+A backend serves exactly one process group. It is created by its :class:`BackendSpec`'s factory
+with the group's store (already prefixed for the group), the caller's rank *within the group*, the
+group size and :class:`~colls.options.BackendOptions`. It never sees world ranks of individual
+operations: the dispatch module translates every rank before calling it.
+
+What a backend must implement is point-to-point: :meth:`Backend.isend` and :meth:`Backend.irecv`
+(``src=None`` receives from any source). Every collective has a default implementation in
+:mod:`colls.algorithms` built on that point-to-point, so a new transport gets all collectives by
+writing those two methods; it overrides a collective only to do better (MPI maps each to the native
+call, tcp may use shared memory).
+
+Threading contract:
+    * ``isend``/``irecv`` may be called from any thread and must not block on the network; they
+      return a :class:`~colls.work.Work` the backend completes (a receive's result is the sender's
+      group rank). Messages between one pair with one tag are matched in the order they were sent.
+    * Collective methods are *blocking* and are called one at a time, in the same order on every
+      rank, from the group's executor thread. They receive C-contiguous 1-D arrays (NumPy for CPU,
+      CuPy for CUDA) whose dtype and sizes the core has already checked, and a ``tag`` unique to
+      this collective call (negative; user point-to-point tags are non-negative).
+    * Every blocking step honours ``self.timeout`` and raises
+      :class:`~colls.errors.CollsTimeoutError` / :class:`~colls.errors.BackendError` instead of
+      hanging; a dead peer is reported as :class:`~colls.errors.NetworkError` naming its rank.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from colls import algorithms
+from colls.options import BackendOptions
+from colls.work import Work
+
+if TYPE_CHECKING:
+    from colls.reduce_ops import ReduceSpec
+    from colls.store.base import Store
+
+Array = Any  # numpy.ndarray on CPU, cupy.ndarray on CUDA
+
+
+class Backend(ABC):
+    """A transport serving one process group (see the module docstring for the contract)."""
+
+    #: Devices whose arrays this backend moves ("cpu", "cuda").
+    devices: tuple[str, ...] = ("cpu",)
+
+    def __init__(
+        self, store: Store, rank: int, world_size: int, options: BackendOptions
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.options = options
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a blocking step of this group may take."""
+        return self.options.timeout
+
+    # -- required: point-to-point --------------------------------------------------------------
+
+    @abstractmethod
+    def isend(self, array: Array, dst: int, tag: int) -> Work:
+        """Start sending ``array`` (contiguous, 1-D) to group rank ``dst`` with ``tag``."""
+
+    @abstractmethod
+    def irecv(self, array: Array, src: int | None, tag: int) -> Work:
+        """Start receiving into ``array`` from ``src`` (None: any source) with ``tag``.
+
+        The Work's result is the sender's group rank. A message whose size differs from
+        ``array.nbytes`` fails the Work with a BackendError naming both sizes.
+        """
+
+    def close(self) -> None:
+        """Release connections and threads. Idempotent."""
+
+    # -- collectives: default algorithms over point-to-point -----------------------------------
+
+    def all_reduce(self, array: Array, op: ReduceSpec, tag: int) -> None:
+        """Reduce ``array`` across the group in place; every rank gets the result."""
+        algorithms.all_reduce(self, array, op, tag)
+
+    def broadcast(self, array: Array, root: int, tag: int) -> None:
+        """Copy ``array`` of ``root`` into ``array`` of every rank."""
+        algorithms.broadcast(self, array, root, tag)
+
+    def reduce(self, array: Array, root: int, op: ReduceSpec, tag: int) -> None:
+        """Reduce into ``array`` of ``root``; other ranks' arrays are left unchanged."""
+        algorithms.reduce(self, array, root, op, tag)
+
+    def all_gather(self, output: Array, input: Array, tag: int) -> None:
+        """Concatenate every rank's ``input`` (same size everywhere) into ``output``."""
+        algorithms.all_gather(self, output, input, tag)
+
+    def gather(self, output: Array | None, input: Array, root: int, tag: int) -> None:
+        """Concatenate every rank's ``input`` into ``output`` of ``root`` (None elsewhere)."""
+        algorithms.gather(self, output, input, root, tag)
+
+    def scatter(self, output: Array, input: Array | None, root: int, tag: int) -> None:
+        """Give rank r the r-th equal chunk of ``root``'s ``input`` (None elsewhere)."""
+        algorithms.scatter(self, output, input, root, tag)
+
+    def reduce_scatter(self, output: Array, input: Array, op: ReduceSpec, tag: int) -> None:
+        """Reduce ``input`` (world_size equal chunks) and give rank r chunk r in ``output``."""
+        algorithms.reduce_scatter(self, output, input, op, tag)
+
+    def all_to_all(
+        self,
+        output: Array,
+        input: Array,
+        output_splits: Sequence[int],
+        input_splits: Sequence[int],
+        tag: int,
+    ) -> None:
+        """Send ``input`` chunk j (``input_splits[j]`` elements) to rank j; receive into ``output``."""
+        algorithms.all_to_all(self, output, input, output_splits, input_splits, tag)
+
+    def barrier(self, tag: int) -> None:
+        """Return once every rank of the group has entered the barrier."""
+        algorithms.barrier(self, tag)
+
+
+Factory = Callable[["Store", int, int, BackendOptions], Backend]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend a plugin offers (returned by the ``colls_backends`` hook).
+
+    Attributes:
+        name: the name users pass to init_process_group ("tcp", "mpi", "nccl").
+        devices: devices it moves ("cpu", "cuda").
+        create: factory ``create(store, rank, world_size, options) -> Backend``.
+        available: returns None when usable here, else the reason it is not
+            ("nccl: cupy is not installed"). Called lazily, only when needed.
+        plugin: the plugin that provided it (set by the plugin manager).
+    """
+
+    name: str
+    devices: tuple[str, ...]
+    create: Factory
+    available: Callable[[], str | None] = lambda: None
+    plugin: str = ""

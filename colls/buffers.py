@@ -1,0 +1,396 @@
+"""Turn any user array into a flat buffer the core can move, and results back into user arrays.
+
+Every collective starts by calling :func:`as_buffer` on its arguments. The result is a
+:class:`Buffer`: a C-contiguous, 1-D NumPy view of the caller's memory (CuPy for CUDA memory), the
+colls dtype, the shape, and whether the view is a staging copy that must be written back.
+
+How an object is imported, in order:
+
+1. ``numpy.ndarray``: used directly, no DLPack round trip (the hot path; a few microseconds).
+2. ``__dlpack__``: the device is asked first. CPU memory (also pinned CUDA host memory) is viewed
+   with ``np.from_dlpack``; when NumPy rejects the dtype (bfloat16) the ctypes consumer in
+   :mod:`colls._dlpack_ctypes` reads the capsule itself, still zero copy. CUDA memory is imported
+   with ``cupy.from_dlpack`` (CuPy is imported only then).
+3. The buffer protocol (bytearray, memoryview, array.array).
+
+In-place collectives pass ``writable=True``: a read-only array (a JAX array, a read-only NumPy
+view) is refused with a TypeError that points at ``colls.functional``. A non-contiguous array is
+staged through a contiguous copy; :meth:`Buffer.write_back` copies results into the original view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, final
+
+import numpy as np
+
+from colls import _dlpack_ctypes as dlc
+from colls import dtypes
+from colls.dtypes import DType
+
+__all__ = [
+    "Buffer",
+    "as_buffer",
+    "as_buffers",
+    "empty_array",
+    "empty_like_buffer",
+    "new_array_like",
+]
+
+_CPU_DEVICES: Final = frozenset({dlc.KDL_CPU, dlc.KDL_CUDA_HOST})
+_CUDA_DEVICES: Final = frozenset({dlc.KDL_CUDA, dlc.KDL_CUDA_MANAGED})
+_DEVICE_NAMES: Final = {
+    1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL", 7: "kDLVulkan", 8: "kDLMetal",
+    9: "kDLVPI", 10: "kDLROCM", 11: "kDLROCMHost", 12: "kDLExtDev", 13: "kDLCUDAManaged",
+    14: "kDLOneAPI", 15: "kDLWebGPU", 16: "kDLHexagon", 17: "kDLMAIA",
+}  # fmt: skip
+# Errors np.from_dlpack raises for a dtype or layout it cannot express (bf16 -> RuntimeError).
+_NUMPY_DLPACK_ERRORS: Final = (BufferError, TypeError, RuntimeError, ValueError)
+_BF16_NAMES: Final = frozenset({"bfloat16", "torch.bfloat16"})
+# DLPack stream value meaning "the legacy default CUDA stream" (0 is reserved by the spec).
+_CUDA_LEGACY_DEFAULT_STREAM: Final = 1
+
+
+@final
+@dataclass(slots=True, eq=False)
+class Buffer:
+    """A caller's array, as the core moves it. Built by :func:`as_buffer`; do not construct.
+
+    Attributes:
+        obj: The caller's object.
+        array: C-contiguous 1-D view of the data (NumPy, or CuPy for CUDA); bfloat16 as uint16.
+        dtype: The colls dtype.
+        shape: The caller's shape (``()`` for a 0-d array, whose ``array`` has one element).
+        device: "cpu" or "cuda".
+        staged: True when ``array`` is a copy that :meth:`write_back` must copy back.
+    """
+
+    obj: Any
+    array: np.ndarray
+    dtype: DType
+    shape: tuple[int, ...]
+    device: str
+    staged: bool = False
+    _view: Any = field(default=None, repr=False)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return int(self.array.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Number of bytes of data."""
+        return int(self.array.nbytes)
+
+    def write_back(self) -> None:
+        """Copy ``array`` into the caller's memory if it is a staging copy; no-op otherwise."""
+        if self.staged:
+            _module_of(self._view).copyto(self._view, self.array.reshape(self.shape))
+
+
+def _on_rank(rank: int | None) -> str:
+    return "" if rank is None else f" on rank {rank}"
+
+
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _module_of(array: Any) -> Any:
+    """Return the array module (numpy or cupy) an array belongs to."""
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy  # only reached for CUDA buffers, which cupy created
+
+    return cupy
+
+
+def _read_only_error(obj: Any, arg: str, op: str, rank: int | None) -> TypeError:
+    return TypeError(
+        f"{op}: argument '{arg}'{_on_rank(rank)} is read-only ({_type_name(obj)}); in-place "
+        f"collectives write into their argument. Use colls.functional.{op}, which returns a new "
+        "array, instead."
+    )
+
+
+def _dtype_error(obj: Any, exc: TypeError, arg: str, op: str, rank: int | None) -> TypeError:
+    return TypeError(f"{op}: argument '{arg}'{_on_rank(rank)} ({_type_name(obj)}): {exc}")
+
+
+def _wrap(
+    obj: Any, view: Any, dtype: DType, device: str, writable: bool, arg: str, op: str,
+    rank: int | None,
+) -> Buffer:  # fmt: skip
+    """Build the Buffer for an imported view (NumPy or CuPy), staging it if not C-contiguous."""
+    if writable and not view.flags.writeable:
+        raise _read_only_error(obj, arg, op, rank)
+    if view.dtype != dtype.numpy:  # ml_dtypes bfloat16 -> uint16 words (same itemsize)
+        view = view.view(dtype.numpy)
+    shape = tuple(view.shape)
+    if view.flags.c_contiguous:
+        return Buffer(obj, view.reshape(-1), dtype, shape, device)
+    staging = _module_of(view).ascontiguousarray(view).reshape(-1)
+    return Buffer(obj, staging, dtype, shape, device, True, view)
+
+
+def _from_ndarray(
+    obj: Any, view: np.ndarray, writable: bool, arg: str, op: str, rank: int | None
+) -> Buffer:
+    try:
+        dtype = dtypes.from_numpy(view.dtype)
+    except TypeError as exc:
+        raise _dtype_error(obj, exc, arg, op, rank) from None
+    return _wrap(obj, view, dtype, "cpu", writable, arg, op, rank)
+
+
+def _export_error(obj: Any, exc: BaseException, arg: str, op: str, rank: int | None) -> TypeError:
+    if getattr(obj, "requires_grad", False) is True:
+        return TypeError(
+            f"{op}: argument '{arg}'{_on_rank(rank)} is a tensor that requires grad "
+            f"({_type_name(obj)}); DLPack cannot export it. Pass tensor.detach() instead."
+        )
+    return TypeError(
+        f"{op}: argument '{arg}'{_on_rank(rank)} ({_type_name(obj)}) could not be exported "
+        f"through DLPack: {exc}"
+    )
+
+
+def _announces_bf16(obj: Any) -> bool:
+    """Whether ``obj.dtype`` says bfloat16 (torch, JAX, ml_dtypes, colls), without importing."""
+    try:
+        dtype = getattr(obj, "dtype", None)
+        return dtype is not None and (dtype is dtypes.BFLOAT16 or str(dtype) in _BF16_NAMES)
+    except Exception:  # a producer's dtype property may raise; DLPack still says what it is
+        return False
+
+
+def _import_cpu(obj: Any, writable: bool, arg: str, op: str, rank: int | None) -> Buffer:
+    if not _announces_bf16(obj):  # NumPy refuses bfloat16: do not make the producer export twice
+        try:
+            view = np.from_dlpack(obj)
+        except _NUMPY_DLPACK_ERRORS:
+            view = None  # an unknown dtype, or the producer refused: the ctypes consumer says which
+        if view is not None:
+            return _from_ndarray(obj, view, writable, arg, op, rank)
+    try:
+        imported = dlc.import_dlpack(obj)
+    except TypeError as exc:
+        raise _dtype_error(obj, exc, arg, op, rank) from None
+    except Exception as exc:  # the producer's own failure, e.g. torch's requires_grad BufferError
+        raise _export_error(obj, exc, arg, op, rank) from exc
+    return _wrap(obj, imported.to_numpy(), imported.dtype, "cpu", writable, arg, op, rank)
+
+
+def _import_cuda(obj: Any, writable: bool, arg: str, op: str, rank: int | None) -> Buffer:
+    try:
+        import cupy
+    except ImportError:
+        raise TypeError(
+            f"{op}: argument '{arg}'{_on_rank(rank)} is a CUDA array ({_type_name(obj)}); colls "
+            "needs cupy for CUDA arrays (pip install cupy-cuda12x)"
+        ) from None
+    try:
+        view = cupy.from_dlpack(obj)
+    except Exception as exc:  # bfloat16 or another dtype cupy lacks: read the capsule ourselves
+        if getattr(obj, "requires_grad", False) is True:
+            raise _export_error(obj, exc, arg, op, rank) from exc
+        view, dtype, readonly = _cuda_view_via_ctypes(cupy, obj, arg, op, rank)
+        if writable and readonly:
+            raise _read_only_error(obj, arg, op, rank) from None
+    else:
+        try:
+            dtype = dtypes.from_numpy(view.dtype)
+        except TypeError as exc:
+            raise _dtype_error(obj, exc, arg, op, rank) from None
+    # CuPy arrays have no read-only flag: the capsule's flag was checked above.
+    return _wrap(obj, view, dtype, "cuda", False, arg, op, rank)
+
+
+def _cuda_view_via_ctypes(
+    cupy: Any, obj: Any, arg: str, op: str, rank: int | None
+) -> tuple[Any, DType, bool]:
+    """Wrap CUDA memory from a capsule as a CuPy array of holding dtype (zero copy)."""
+    stream = cupy.cuda.get_current_stream().ptr or _CUDA_LEGACY_DEFAULT_STREAM
+
+    class _WithStream:  # make the producer order its work before ours, as the spec asks
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            kwargs.pop("stream", None)
+            return obj.__dlpack__(stream=stream, **kwargs)
+
+    try:
+        imported = dlc.import_dlpack(_WithStream())
+    except TypeError as exc:
+        raise _dtype_error(obj, exc, arg, op, rank) from None
+    except Exception as exc:
+        raise _export_error(obj, exc, arg, op, rank) from exc
+    low, high = imported.span()
+    memory = cupy.cuda.UnownedMemory(low, high - low, imported, imported.device[1])
+    pointer = cupy.cuda.MemoryPointer(memory, imported.data - low)
+    view = cupy.ndarray(imported.shape, imported.dtype.numpy, pointer, imported.strides)
+    return view, imported.dtype, imported.readonly
+
+
+def _device_type(obj: Any) -> int:
+    device = getattr(obj, "__dlpack_device__", None)
+    return int(device()[0]) if device is not None else dlc.KDL_CPU
+
+
+def as_buffer(
+    obj: Any, *, writable: bool, arg: str, op: str, rank: int | None = None
+) -> Buffer:
+    """Import a caller's array as a :class:`Buffer`, zero copy whenever possible.
+
+    Args:
+        obj: Any object with ``__dlpack__`` or the buffer protocol.
+        writable: True for arguments a collective writes into (in-place ops, outputs).
+        arg: The argument's name, for errors ("tensor", "tensor_list[2]").
+        op: The collective's name, for errors ("all_reduce").
+        rank: The caller's rank, for errors (omitted from messages when None).
+
+    Returns:
+        The Buffer; if ``staged``, call ``write_back()`` after writing into ``array``.
+
+    Raises:
+        TypeError: unsupported object, device or dtype; read-only while ``writable``; a tensor
+            that requires grad; CUDA memory without CuPy.
+    """
+    if type(obj) is np.ndarray:  # the hot path
+        return _from_ndarray(obj, obj, writable, arg, op, rank)
+    if isinstance(obj, np.ndarray):  # subclasses (memmap, ...)
+        return _from_ndarray(obj, obj.view(np.ndarray), writable, arg, op, rank)
+    if hasattr(obj, "__dlpack__"):
+        try:
+            device_type = _device_type(obj)
+        except Exception as exc:
+            raise _export_error(obj, exc, arg, op, rank) from exc
+        if device_type in _CPU_DEVICES:
+            return _import_cpu(obj, writable, arg, op, rank)
+        if device_type in _CUDA_DEVICES:
+            return _import_cuda(obj, writable, arg, op, rank)
+        name = _DEVICE_NAMES.get(device_type, "unknown")
+        raise TypeError(
+            f"{op}: argument '{arg}'{_on_rank(rank)} ({_type_name(obj)}) lives on DLPack device "
+            f"type {device_type} ({name}); colls handles CPU and CUDA memory only"
+        )
+    try:
+        view = np.asarray(memoryview(obj))
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise TypeError(
+            f"{op}: argument '{arg}'{_on_rank(rank)} must be an array supporting DLPack or the "
+            f"buffer protocol, got {_type_name(obj)} ({exc})"
+        ) from None
+    return _from_ndarray(obj, view, writable, arg, op, rank)
+
+
+def as_buffers(
+    objs: Sequence[Any], *, writable: bool, arg: str, op: str, rank: int | None = None
+) -> list[Buffer]:
+    """Import a list of arrays; errors name the element ("tensor_list[2]").
+
+    Raises:
+        TypeError: ``objs`` is not a list or tuple, or any element is refused by :func:`as_buffer`.
+    """
+    if not isinstance(objs, (list, tuple)):
+        raise TypeError(
+            f"{op}: argument '{arg}'{_on_rank(rank)} must be a list of arrays, got "
+            f"{_type_name(objs)}"
+        )
+    return [
+        as_buffer(item, writable=writable, arg=f"{arg}[{i}]", op=op, rank=rank)
+        for i, item in enumerate(objs)
+    ]
+
+
+def empty_array(shape: tuple[int, ...] | int, dtype: DType, device: str = "cpu") -> Any:
+    """Return an uninitialised C-contiguous array of ``dtype``'s holding type on ``device``."""
+    if device == "cpu":
+        return np.empty(shape, dtype=dtype.numpy)
+    if device == "cuda":
+        import cupy
+
+        return cupy.empty(shape, dtype=dtype.numpy)
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def empty_like_buffer(buf: Buffer, shape: tuple[int, ...] | None = None) -> Any:
+    """Return a new flat array with ``buf``'s dtype and device (``prod(shape)`` elements if given)."""
+    count = buf.numel if shape is None else int(np.prod(shape, dtype=np.int64))
+    return empty_array(count, buf.dtype, buf.device)
+
+
+def _framework(template: Any) -> str:
+    module = type(template).__module__
+    for prefix in ("torch", "jaxlib", "jax", "cupy"):
+        if module == prefix or module.startswith(prefix + "."):
+            return "jax" if prefix == "jaxlib" else prefix
+    return "numpy"
+
+
+def new_array_like(
+    template: Any,
+    result: Any,
+    shape: tuple[int, ...] | None = None,
+    *,
+    dtype: DType | None = None,
+) -> Any:
+    """Return a new array of ``template``'s framework holding ``result``'s data.
+
+    Used by ``colls.functional`` to hand results back in the caller's array type.
+
+    Args:
+        template: An array of the framework to produce (numpy, torch, jax, cupy; anything else
+            gives NumPy).
+        result: NumPy (or CuPy) array of holding dtype (bfloat16 as uint16 words).
+        shape: Shape of the returned array (default ``result.shape``).
+        dtype: The colls dtype of ``result`` (default: ``template``'s dtype).
+
+    Returns:
+        A new array; for torch CPU it shares memory with ``result``.
+    """
+    if dtype is None:
+        dtype = dtypes.from_any(template)
+    module = _module_of(result) if not isinstance(result, np.ndarray) else np
+    words = module.ascontiguousarray(result)
+    if shape is not None:
+        words = words.reshape(shape)
+    framework = _framework(template)
+    if framework == "torch":
+        return _to_torch(words, dtype)
+    if framework == "jax":
+        return _to_jax(words, dtype)
+    if framework == "cupy":
+        import cupy
+
+        return cupy.asarray(words)
+    if dtype is dtypes.BFLOAT16 and isinstance(getattr(template, "dtype", None), np.dtype):
+        if template.dtype.name == "bfloat16":  # ml_dtypes bfloat16 in, ml_dtypes out
+            return words.view(template.dtype)
+    return words
+
+
+def _to_torch(words: Any, dtype: DType) -> Any:
+    import torch
+
+    bf16 = dtype is dtypes.BFLOAT16
+    if bf16:
+        words = words.view(np.int16)  # int16 exists in every torch; the view is a bitcast
+    tensor = torch.from_numpy(words) if isinstance(words, np.ndarray) else torch.from_dlpack(words)
+    return tensor.view(torch.bfloat16) if bf16 else tensor
+
+
+def _to_jax(words: Any, dtype: DType) -> Any:
+    import jax.numpy as jnp
+
+    if not isinstance(words, np.ndarray):  # CuPy result
+        import jax.dlpack
+
+        array = jax.dlpack.from_dlpack(words)
+        return array.view(jnp.bfloat16) if dtype is dtypes.BFLOAT16 else array
+    if dtype is dtypes.BFLOAT16:
+        words = words.view(jnp.bfloat16)  # ml_dtypes' bfloat16, which JAX uses
+    return jnp.asarray(words)

@@ -1,0 +1,305 @@
+"""The collectives of the public API, with torch.distributed's names, arguments and semantics.
+
+Each function reads as the same recipe: resolve the group (non-members get None), canonicalise
+the root, import and check the arrays, check the op, then submit a job that calls the backend on
+contiguous 1-D arrays and writes staged results back. All checking lives in :mod:`colls._dispatch`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from colls import _dispatch as d
+from colls.buffers import Buffer
+from colls.reduce_ops import ReduceOp
+from colls.work import Work
+
+
+def _write_back(*bufs: Buffer) -> None:
+    for buf in bufs:
+        buf.write_back()
+
+
+def _scatter_flat(flat: np.ndarray, outputs: list[Buffer]) -> None:
+    """Copy consecutive chunks of ``flat`` into each output buffer and write them back."""
+    offset = 0
+    for out in outputs:
+        np.copyto(out.array, flat[offset : offset + out.numel])
+        offset += out.numel
+        out.write_back()
+
+
+def _concat(bufs: list[Buffer]) -> np.ndarray:
+    if not bufs:
+        return np.empty(0, dtype=np.uint8)
+    return np.concatenate([b.array for b in bufs])
+
+
+def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+               ) -> Work | None:
+    """Reduce ``tensor`` across the group, in place; every rank gets the result."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    buf = d.buffer(tensor, arg="tensor", op="all_reduce", writable=True)
+    spec = d.reduce_spec(op, buf, op_name="all_reduce")
+
+    def job(tag: int) -> None:
+        spec.prepare(buf.array)
+        pg.backend.all_reduce(buf.array, spec, tag)
+        spec.finish(buf.array, pg.size)
+        buf.write_back()
+
+    return d.submit(pg, "all_reduce", job, async_op=async_op)
+
+
+def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None) -> Work | None:
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank of the group."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    root = d.group_rank_of(pg, src, group_src, arg="src", op="broadcast")
+    buf = d.buffer(tensor, arg="tensor", op="broadcast", writable=pg.rank != root)
+
+    def job(tag: int) -> None:
+        pg.backend.broadcast(buf.array, root, tag)
+        buf.write_back()
+
+    return d.submit(pg, "broadcast", job, async_op=async_op)
+
+
+def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """Reduce ``tensor`` of every rank into ``tensor`` of rank ``dst``; others are unchanged."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    root = d.group_rank_of(pg, dst, group_dst, arg="dst", op="reduce")
+    is_root = pg.rank == root
+    buf = d.buffer(tensor, arg="tensor", op="reduce", writable=is_root)
+    spec = d.reduce_spec(op, buf, op_name="reduce")
+
+    def job(tag: int) -> None:
+        data = buf.array if is_root or not spec.modifies_input else buf.array.copy()
+        spec.prepare(data)
+        pg.backend.reduce(data, root, spec, tag)
+        if is_root:
+            spec.finish(data, pg.size)
+            buf.write_back()
+
+    return d.submit(pg, "reduce", job, async_op=async_op)
+
+
+def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False
+               ) -> Work | None:
+    """Gather ``tensor`` of every rank into ``tensor_list`` (one array per rank) on every rank."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    src = d.buffer(tensor, arg="tensor", op="all_gather", writable=False)
+    outs = d.buffer_list(tensor_list, arg="tensor_list", op="all_gather", writable=True,
+                         length=pg.size)
+    d.check_same_dtype(src, outs, names="tensor_list", op="all_gather")
+    for i, out in enumerate(outs):
+        d.check_numel(out, src.numel, arg=f"tensor_list[{i}]", op="all_gather",
+                      why="the number of elements of tensor")
+
+    def job(tag: int) -> None:
+        flat = np.empty(src.numel * pg.size, dtype=src.array.dtype)
+        pg.backend.all_gather(flat, src.array, tag)
+        _scatter_flat(flat, outs)
+
+    return d.submit(pg, "all_gather", job, async_op=async_op)
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
+                           async_op: bool = False) -> Work | None:
+    """Gather ``input_tensor`` of every rank, concatenated, into ``output_tensor``."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    op = "all_gather_into_tensor"
+    src = d.buffer(input_tensor, arg="input_tensor", op=op, writable=False)
+    out = d.buffer(output_tensor, arg="output_tensor", op=op, writable=True)
+    d.check_same_dtype(src, [out], names="output_tensor", op=op)
+    d.check_numel(out, src.numel * pg.size, arg="output_tensor", op=op,
+                  why=f"input_tensor's {src.numel} elements times the group size {pg.size}")
+
+    def job(tag: int) -> None:
+        pg.backend.all_gather(out.array, src.array, tag)
+        out.write_back()
+
+    return d.submit(pg, op, job, async_op=async_op)
+
+
+def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None,
+           group: Any = None, async_op: bool = False, group_dst: int | None = None
+           ) -> Work | None:
+    """Gather ``tensor`` of every rank into ``gather_list`` on rank ``dst``."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    if dst is None and group_dst is None:
+        dst = 0  # torch's default root for gather and scatter
+    root = d.group_rank_of(pg, dst, group_dst, arg="dst", op="gather")
+    src = d.buffer(tensor, arg="tensor", op="gather", writable=False)
+    outs = _root_list(pg, root, gather_list, arg="gather_list", op="gather", writable=True)
+    d.check_same_dtype(src, outs, names="gather_list", op="gather")
+    for i, out in enumerate(outs):
+        d.check_numel(out, src.numel, arg=f"gather_list[{i}]", op="gather",
+                      why="the number of elements of tensor")
+
+    def job(tag: int) -> None:
+        flat = np.empty(src.numel * pg.size, dtype=src.array.dtype) if outs else None
+        pg.backend.gather(flat, src.array, root, tag)
+        if flat is not None:
+            _scatter_flat(flat, outs)
+
+    return d.submit(pg, "gather", job, async_op=async_op)
+
+
+def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None,
+            group: Any = None, async_op: bool = False, group_src: int | None = None
+            ) -> Work | None:
+    """Give rank r the r-th array of ``scatter_list`` of rank ``src``, in ``tensor``."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    if src is None and group_src is None:
+        src = 0  # torch's default root for scatter and gather
+    root = d.group_rank_of(pg, src, group_src, arg="src", op="scatter")
+    out = d.buffer(tensor, arg="tensor", op="scatter", writable=True)
+    ins = _root_list(pg, root, scatter_list, arg="scatter_list", op="scatter", writable=False)
+    d.check_same_dtype(out, ins, names="scatter_list", op="scatter")
+    for i, chunk in enumerate(ins):
+        d.check_numel(chunk, out.numel, arg=f"scatter_list[{i}]", op="scatter",
+                      why="the number of elements of tensor")
+
+    def job(tag: int) -> None:
+        flat = _concat(ins) if ins else None
+        pg.backend.scatter(out.array, flat, root, tag)
+        out.write_back()
+
+    return d.submit(pg, "scatter", job, async_op=async_op)
+
+
+def _root_list(pg: Any, root: int, objs: Any, *, arg: str, op: str, writable: bool
+               ) -> list[Buffer]:
+    """Import the per-rank list a rooted op needs on the root and forbids elsewhere."""
+    if pg.rank == root:
+        if objs is None:
+            raise ValueError(
+                f"{op} on rank {d.my_rank()}: argument {arg} must be specified on the root rank"
+            )
+        return d.buffer_list(objs, arg=arg, op=op, writable=writable, length=pg.size)
+    if objs:
+        raise ValueError(
+            f"{op} on rank {d.my_rank()}: argument {arg} must NOT be specified on "
+            f"non-root ranks (the root is group rank {root})"
+        )
+    return []
+
+
+def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
+                   group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce ``input_list`` element-wise across ranks; rank r gets entry r in ``output``."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    out = d.buffer(output, arg="output", op="reduce_scatter", writable=True)
+    ins = d.buffer_list(input_list, arg="input_list", op="reduce_scatter", writable=False,
+                        length=pg.size)
+    d.check_same_dtype(out, ins, names="input_list", op="reduce_scatter")
+    for i, chunk in enumerate(ins):
+        d.check_numel(chunk, out.numel, arg=f"input_list[{i}]", op="reduce_scatter",
+                      why="the number of elements of output")
+    spec = d.reduce_spec(op, out, op_name="reduce_scatter")
+
+    def job(tag: int) -> None:
+        flat = _concat(ins)
+        spec.prepare(flat)
+        pg.backend.reduce_scatter(out.array, flat, spec, tag)
+        spec.finish(out.array, pg.size)
+        out.write_back()
+
+    return d.submit(pg, "reduce_scatter", job, async_op=async_op)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None,
+                          async_op: bool = False) -> Work | None:
+    """Reduce ``input`` (group-size chunks) across ranks; rank r gets chunk r in ``output``."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    name = "reduce_scatter_tensor"
+    out = d.buffer(output, arg="output", op=name, writable=True)
+    src = d.buffer(input, arg="input", op=name, writable=False)
+    d.check_same_dtype(out, [src], names="input", op=name)
+    d.check_numel(src, out.numel * pg.size, arg="input", op=name,
+                  why=f"output's {out.numel} elements times the group size {pg.size}")
+    spec = d.reduce_spec(op, out, op_name=name)
+
+    def job(tag: int) -> None:
+        data = src.array.copy() if spec.modifies_input else src.array
+        spec.prepare(data)
+        pg.backend.reduce_scatter(out.array, data, spec, tag)
+        spec.finish(out.array, pg.size)
+        out.write_back()
+
+    return d.submit(pg, name, job, async_op=async_op)
+
+
+def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """Send ``input_tensor_list[j]`` to rank j; receive rank j's into ``output_tensor_list[j]``."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    outs = d.buffer_list(output_tensor_list, arg="output_tensor_list", op="all_to_all",
+                         writable=True, length=pg.size)
+    ins = d.buffer_list(input_tensor_list, arg="input_tensor_list", op="all_to_all",
+                        writable=False, length=pg.size)
+    d.check_same_dtype(ins[0], ins[1:] + outs, names="output/input_tensor_list", op="all_to_all")
+
+    def job(tag: int) -> None:
+        flat_out = np.empty(sum(b.numel for b in outs), dtype=outs[0].array.dtype)
+        pg.backend.all_to_all(flat_out, _concat(ins), [b.numel for b in outs],
+                              [b.numel for b in ins], tag)
+        _scatter_flat(flat_out, outs)
+
+    return d.submit(pg, "all_to_all", job, async_op=async_op)
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group: Any = None,
+                      async_op: bool = False) -> Work | None:
+    """Split ``input`` along dim 0, send piece j to rank j, concatenate what arrives in ``output``.
+
+    Split sizes count rows of dim 0 (as in torch); None means equal splits.
+    """
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    name = "all_to_all_single"
+    out = d.buffer(output, arg="output", op=name, writable=True)
+    src = d.buffer(input, arg="input", op=name, writable=False)
+    d.check_same_dtype(out, [src], names="input", op=name)
+    in_splits = d.row_splits(src, input_split_sizes, size=pg.size, arg="input", op=name)
+    out_splits = d.row_splits(out, output_split_sizes, size=pg.size, arg="output", op=name)
+
+    def job(tag: int) -> None:
+        pg.backend.all_to_all(out.array, src.array, out_splits, in_splits, tag)
+        out.write_back()
+
+    return d.submit(pg, name, job, async_op=async_op)
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Work | None:
+    """Return once every rank of the group has called barrier (``device_ids`` is ignored)."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    return d.submit(pg, "barrier", pg.backend.barrier, async_op=async_op)

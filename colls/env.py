@@ -1,0 +1,132 @@
+"""Every ``COLLS_*`` environment variable, read and validated in this one module.
+
+Other modules never touch ``os.environ`` for ``COLLS_*`` names; they call :func:`get`. Values are
+read at call time (not import time) so tests and launchers can change them per process. docs/env.md
+lists the same table; :func:`describe` prints it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected one of 1/0/true/false/yes/no/on/off, got {text!r}")
+
+
+def _parse_positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text, 0)
+    if value <= 0:
+        raise ValueError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _parse_debug(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("off", "info", "detail"):
+        raise ValueError(f"expected off, info or detail, got {text!r}")
+    return lowered
+
+
+def _parse_str(text: str) -> str:
+    return text.strip()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, parser, default and meaning."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(
+            "COLLS_DISABLE_PLUGIN_AUTOLOAD", _parse_bool, False,
+            "1 turns entry-point discovery of backend plugins off; only plugins registered "
+            "explicitly with colls.plugin_manager.register_plugin are used.",
+        ),
+        Setting(
+            "COLLS_DEBUG", _parse_debug, "off",
+            "off | info | detail. detail checks each collective's fingerprint (op, sequence "
+            "number, dtype, shape, root) across ranks before running it.",
+        ),
+        Setting(
+            "COLLS_TIMEOUT", _parse_positive_float, 1800.0,
+            "Default timeout in seconds of every blocking call when init_process_group / "
+            "new_group get no timeout (torch's default is 30 minutes).",
+        ),
+        Setting(
+            "COLLS_BACKEND", _parse_str, "",
+            "Backend used by init_process_group(backend=None); empty means tcp for CPU.",
+        ),
+        Setting(
+            "COLLS_SEGMENT_BYTES", _parse_positive_int, 1 << 20,
+            "Segment size in bytes of the pipelined algorithms (ring all_reduce and friends).",
+        ),
+        Setting(
+            "COLLS_ALGORITHM", _parse_str, "",
+            "Force algorithms, e.g. 'all_reduce=ring,broadcast=binomial'; empty lets "
+            "colls.algorithms.select choose by message size and world size.",
+        ),
+        Setting(
+            "COLLS_SMALL_MESSAGE_BYTES", _parse_positive_int, 64 * 1024,
+            "Messages up to this many bytes use latency-optimal algorithms "
+            "(recursive doubling); larger ones use bandwidth-optimal ones (ring).",
+        ),
+        Setting(
+            "COLLS_TCP_HOST", _parse_str, "",
+            "Address the tcp backend binds and advertises to peers; empty means the address "
+            "this host uses to reach the store (127.0.0.1 for a local store).",
+        ),
+        Setting(
+            "COLLS_ERROR_FILE", _parse_str, "",
+            "Set by colls-run for each worker: the file where the worker wrapper writes the "
+            "traceback of an uncaught exception, for the launcher's root-cause report.",
+        ),
+    )
+}
+
+
+def get(name: str) -> Any:
+    """Return the parsed value of ``name`` from the environment, or its default.
+
+    Raises:
+        ValueError: the variable is set to a value its parser rejects (the message names it).
+        KeyError: ``name`` is not a known colls setting (a programming error in colls).
+    """
+    setting = SETTINGS[name]
+    raw = os.environ.get(name)
+    if raw is None:
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r}: {exc}") from None
+
+
+def describe() -> str:
+    """Return a Markdown table of every setting, its default and its meaning."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for s in SETTINGS.values():
+        rows.append(f"| `{s.name}` | `{s.default!r}` | {s.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,145 @@
+"""The ``*_multigpu`` collectives of the original torch.distributed API.
+
+Each process passes a list of k arrays (one per local device in the original API); the group then
+behaves as if it had ``world_size * k`` participants, ordered by (rank, list index). colls reduces
+the local list first, runs one collective, and fans the result out, so these work over every
+backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from colls import _dispatch as d
+from colls import collectives as c
+from colls.reduce_ops import ReduceOp
+from colls.work import Work, chain
+
+
+def _finish(work: Work | None, after: Any, async_op: bool) -> Work | None:
+    if work is None:
+        return None
+    if async_op:
+        return chain(work, lambda _r: after())
+    after()
+    return None
+
+
+def _local_list(tensor_list: Any, op: str, writable: bool) -> list[Any]:
+    bufs = d.buffer_list(tensor_list, arg="tensor_list", op=op, writable=writable, length=None)
+    if not bufs:
+        raise ValueError(f"{op} on rank {d.my_rank()}: tensor_list must not be empty")
+    d.check_same_dtype(bufs[0], bufs[1:], names="tensor_list", op=op)
+    for i, b in enumerate(bufs[1:], 1):
+        d.check_numel(b, bufs[0].numel, arg=f"tensor_list[{i}]", op=op,
+                      why="the size of tensor_list[0]")
+    return bufs
+
+
+def all_reduce_multigpu(tensor_list: list[Any], op: Any = ReduceOp.SUM, group: Any = None,
+                        async_op: bool = False) -> Work | None:
+    """Reduce every array of every process's list; every array gets the result."""
+    name = "all_reduce_multigpu"
+    bufs = _local_list(tensor_list, name, writable=True)
+    spec = d.reduce_spec(op, bufs[0], op_name=name)
+    if spec.kind.name in ("AVG", "PREMUL_SUM"):
+        raise ValueError(f"{name}: {spec.kind.name} is not supported by the multigpu form")
+    staged = bufs[0].array.copy()
+    for b in bufs[1:]:
+        spec.combine(staged, b.array)
+    work = c.all_reduce(staged, op=op, group=group, async_op=async_op)
+
+    def fan_out() -> None:
+        for b in bufs:
+            np.copyto(b.array, staged)
+            b.write_back()
+
+    return _finish(work, fan_out, async_op)
+
+
+def broadcast_multigpu(tensor_list: list[Any], src: int, group: Any = None,
+                       async_op: bool = False, src_tensor: int = 0) -> Work | None:
+    """Copy ``tensor_list[src_tensor]`` of rank ``src`` into every array of every list."""
+    name = "broadcast_multigpu"
+    bufs = _local_list(tensor_list, name, writable=True)
+    staged = bufs[src_tensor].array.copy()
+    work = c.broadcast(staged, src=src, group=group, async_op=async_op)
+
+    def fan_out() -> None:
+        for b in bufs:
+            np.copyto(b.array, staged)
+            b.write_back()
+
+    return _finish(work, fan_out, async_op)
+
+
+def reduce_multigpu(tensor_list: list[Any], dst: int, op: Any = ReduceOp.SUM, group: Any = None,
+                    async_op: bool = False, dst_tensor: int = 0) -> Work | None:
+    """Reduce every array of every list into ``tensor_list[dst_tensor]`` of rank ``dst``."""
+    name = "reduce_multigpu"
+    bufs = _local_list(tensor_list, name, writable=True)
+    spec = d.reduce_spec(op, bufs[0], op_name=name)
+    staged = bufs[0].array.copy()
+    for b in bufs[1:]:
+        spec.combine(staged, b.array)
+    work = c.reduce(staged, dst=dst, op=op, group=group, async_op=async_op)
+
+    def store() -> None:
+        if d.my_rank() == dst:
+            np.copyto(bufs[dst_tensor].array, staged)
+            bufs[dst_tensor].write_back()
+
+    return _finish(work, store, async_op)
+
+
+def all_gather_multigpu(output_tensor_lists: list[list[Any]], input_tensor_list: list[Any],
+                        group: Any = None, async_op: bool = False) -> Work | None:
+    """Every output list i gets all inputs of all processes, ordered by (rank, index)."""
+    name = "all_gather_multigpu"
+    ins = _local_list(input_tensor_list, name, writable=False)
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    k, n = len(ins), ins[0].numel
+    outs = [d.buffer_list(lst, arg=f"output_tensor_lists[{i}]", op=name, writable=True,
+                          length=pg.size * k) for i, lst in enumerate(output_tensor_lists)]
+    local = np.concatenate([b.array for b in ins])
+    gathered = np.empty(local.size * pg.size, dtype=local.dtype)
+    work = c.all_gather_into_tensor(gathered, local, group=group, async_op=async_op)
+
+    def fan_out() -> None:
+        for out_list in outs:
+            for j, b in enumerate(out_list):
+                np.copyto(b.array, gathered[j * n : (j + 1) * n])
+                b.write_back()
+
+    return _finish(work, fan_out, async_op)
+
+
+def reduce_scatter_multigpu(output_tensor_list: list[Any], input_tensor_lists: list[list[Any]],
+                            op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+                            ) -> Work | None:
+    """Output i of rank r gets entry ``r * k + i`` reduced over every input list everywhere."""
+    name = "reduce_scatter_multigpu"
+    outs = _local_list(output_tensor_list, name, writable=True)
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    k, n = len(outs), outs[0].numel
+    spec = d.reduce_spec(op, outs[0], op_name=name)
+    lists = [d.buffer_list(lst, arg=f"input_tensor_lists[{i}]", op=name, writable=False,
+                           length=pg.size * k) for i, lst in enumerate(input_tensor_lists)]
+    staged = np.concatenate([b.array for b in lists[0]])
+    for other in lists[1:]:
+        spec.combine(staged, np.concatenate([b.array for b in other]))
+    result = np.empty(n * k, dtype=staged.dtype)
+    work = c.reduce_scatter_tensor(result, staged, op=op, group=group, async_op=async_op)
+
+    def fan_out() -> None:
+        for i, b in enumerate(outs):
+            np.copyto(b.array, result[i * n : (i + 1) * n])
+            b.write_back()
+
+    return _finish(work, fan_out, async_op)

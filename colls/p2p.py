@@ -1,0 +1,103 @@
+"""Point-to-point: send, recv, isend, irecv and batched P2POp lists, as in torch.distributed.
+
+Tags are non-negative ints (colls' collectives use negative ones). ``recv``/``irecv`` with no
+source receive from any rank; ``recv`` then returns the sender's world rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from colls import _dispatch as d
+from colls.work import Work, chain
+
+
+def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to rank ``dst``; return a Work (None for non-members)."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    peer = d.group_rank_of(pg, dst, group_dst, arg="dst", op="isend")
+    d.check_peer(pg, peer, arg="dst", op="isend")
+    d.check_tag(tag, op="isend")
+    buf = d.buffer(tensor, arg="tensor", op="isend", writable=False)
+    return pg.backend.isend(buf.array, peer, tag)
+
+
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor`` from ``src`` (None: any rank); return a Work.
+
+    The Work's ``source_rank()`` is the sender's group rank, as in torch.
+    """
+    pg = d.resolve_group(group)
+    if pg is None:
+        return None
+    peer = d.group_rank_of(pg, src, group_src, arg="src", op="irecv", allow_any=True)
+    d.check_peer(pg, peer, arg="src", op="irecv")
+    d.check_tag(tag, op="irecv")
+    buf = d.buffer(tensor, arg="tensor", op="irecv", writable=True)
+    work = pg.backend.irecv(buf.array, peer, tag)
+    if not buf.staged:
+        return work
+    return chain(work, lambda sender: (buf.write_back(), sender)[1])
+
+
+def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+         group_dst: int | None = None) -> None:
+    """Send ``tensor`` to rank ``dst`` and wait until it is handed to the transport."""
+    work = isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+         group_src: int | None = None) -> int:
+    """Receive into ``tensor``; return the sender's world rank (-1 for non-members)."""
+    pg = d.resolve_group(group)
+    if pg is None:
+        return -1
+    work = irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
+    assert work is not None  # pg is not None, so irecv returned a Work
+    return pg.global_rank(work.source_rank())
+
+
+class P2POp:
+    """One operation of :func:`batch_isend_irecv`: ``op`` is :func:`isend` or :func:`irecv`."""
+
+    def __init__(self, op: Callable[..., Any], tensor: Any, peer: int | None = None,
+                 group: Any = None, tag: int = 0, group_peer: int | None = None) -> None:
+        if op not in (isend, irecv) and getattr(op, "__name__", "") not in ("isend", "irecv"):
+            raise ValueError(
+                "Invalid ``op``. Expected ``op`` to be of type ``colls.isend`` or ``colls.irecv``."
+            )
+        if peer is None and group_peer is None:
+            raise ValueError("P2POp: either peer or group_peer must be given")
+        self.op = op
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+        self.group_peer = group_peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
+    """Start every send and receive of ``p2p_op_list``; return their Works in the same order."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not all(
+        isinstance(p, P2POp) for p in p2p_op_list
+    ):
+        raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
+    works = []
+    for p in p2p_op_list:
+        if p.op.__name__ == "isend":
+            work = isend(p.tensor, dst=p.peer, group=p.group, tag=p.tag, group_dst=p.group_peer)
+        else:
+            work = irecv(p.tensor, src=p.peer, group=p.group, tag=p.tag, group_src=p.group_peer)
+        if work is not None:
+            works.append(work)
+    return works

@@ -1,0 +1,101 @@
+"""ProcessGroup: one group of processes, its members, its backend and its store.
+
+A group owns everything about itself (no global dicts keyed by group objects): the world ranks of
+its members in group-rank order, this process's group rank, its backend instance, its timeout,
+the serial executor running its collectives, and the sequence number that tags each collective.
+:mod:`colls.registry` maps group names to groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+from colls._executor import SerialExecutor
+from colls.work import Work
+
+if TYPE_CHECKING:
+    from colls.backend import Backend
+    from colls.store.base import Store
+
+
+@final
+class ProcessGroup:
+    """A group of processes that run collectives together.
+
+    Users get groups from :func:`colls.init_process_group` and :func:`colls.new_group`; they do
+    not construct them.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        global_ranks: Sequence[int],
+        my_global_rank: int,
+        backend_name: str,
+        backend: Backend,
+        store: Store,
+        timeout: float,
+    ) -> None:
+        self.name = name
+        self.global_ranks: tuple[int, ...] = tuple(global_ranks)
+        self._group_rank_of = {g: i for i, g in enumerate(self.global_ranks)}
+        self.rank = self._group_rank_of[my_global_rank]
+        self.size = len(self.global_ranks)
+        self.backend_name = backend_name
+        self.backend = backend
+        self.store = store
+        self.timeout = timeout
+        self._executor = SerialExecutor(name)
+        self._sequence = itertools.count()
+        self.destroyed = False
+
+    # -- rank translation (the only place it happens) ------------------------------------------
+
+    def group_rank(self, global_rank: int) -> int:
+        """Return the group rank of world rank ``global_rank``, or -1 if it is not a member."""
+        return self._group_rank_of.get(global_rank, -1)
+
+    def global_rank(self, group_rank: int) -> int:
+        """Return the world rank of group rank ``group_rank``."""
+        return self.global_ranks[group_rank]
+
+    # -- running collectives ---------------------------------------------------------------------
+
+    def next_tag(self) -> int:
+        """Return the tag of the next collective: negative, unique, same sequence on every rank."""
+        return -1 - next(self._sequence)
+
+    def run(
+        self, job: Callable[[], Any], *, description: str, async_op: bool
+    ) -> Work | None:
+        """Run a collective ``job`` in this group's call order.
+
+        Returns a Work when ``async_op`` is true; otherwise waits (re-raising failures) and
+        returns None.
+        """
+        work = Work(description=description, default_timeout=self.timeout)
+        if async_op:
+            self._executor.submit(job, work)
+            return work
+        if not self._executor.run_inline_or_submit(job, work):
+            work.wait()
+        elif (exc := work.exception()) is not None:
+            raise exc
+        return None
+
+    def close(self) -> None:
+        """Stop the executor and close the backend. Idempotent."""
+        if self.destroyed:
+            return
+        self.destroyed = True
+        self._executor.close()
+        self.backend.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<colls.ProcessGroup {self.name!r} backend={self.backend_name} "
+            f"rank={self.rank}/{self.size} ranks={list(self.global_ranks)}>"
+        )

@@ -1,0 +1,69 @@
+"""The registry of process groups of this process, and the group sentinels users pass around.
+
+One place maps group names to :class:`~colls.process_group.ProcessGroup` objects and remembers
+the default (world) group and the world store. ``group.WORLD`` and
+``GroupMember.NON_GROUP_MEMBER`` are sentinels, as in torch: WORLD stands for whatever the default
+group is now; NON_GROUP_MEMBER is what :func:`colls.new_group` returns to processes outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, final
+
+if TYPE_CHECKING:
+    from colls.process_group import ProcessGroup
+    from colls.store.base import Store
+
+
+@final
+class _Sentinel:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+WORLD = _Sentinel("colls.group.WORLD")
+NON_GROUP_MEMBER = _Sentinel("colls.GroupMember.NON_GROUP_MEMBER")
+
+
+class group:  # noqa: N801 - the name torch users type: dist.group.WORLD
+    """Namespace holding ``group.WORLD`` (the default group)."""
+
+    WORLD = WORLD
+
+
+class GroupMember:
+    """Namespace holding ``GroupMember.WORLD`` and ``GroupMember.NON_GROUP_MEMBER``."""
+
+    WORLD = WORLD
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER
+
+
+class _Registry:
+    """The groups of this process (guarded by a lock: groups may be made from any thread)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.groups: dict[str, ProcessGroup] = {}
+        self.default: ProcessGroup | None = None
+        self.world_store: Store | None = None
+        self.world_rank = -1
+        self.world_size = -1
+        self.group_count = 0
+
+    def reset(self) -> None:
+        self.groups.clear()
+        self.default = None
+        self.world_store = None
+        self.world_rank = -1
+        self.world_size = -1
+        self.group_count = 0
+
+
+REGISTRY = _Registry()

@@ -1,0 +1,247 @@
+"""Rendezvous: turn an ``init_method`` URL into a store plus this process's rank and world size.
+
+As torch.distributed: ``env://`` (the default) reads MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE
+and makes rank 0 the TCPStore master; ``tcp://host:port?rank=R&world_size=N`` does the same from
+the URL; ``file:///path?rank=R&world_size=N`` uses a FileStore. Schemes are looked up in a
+registry, so ``register_rendezvous_handler`` adds new ones.
+
+Rank and world size come from, in order: the ``rank``/``world_size`` arguments (when >= 0), the
+URL query, then (``env://`` only) the environment: RANK/WORLD_SIZE, then the variables set by
+MPICH's hydra (PMI_RANK/PMI_SIZE), Open MPI (OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) and
+Slurm's srun (SLURM_PROCID/SLURM_NTASKS), so ``mpiexec -n 4 python train.py`` needs only
+MASTER_ADDR and MASTER_PORT.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from collections.abc import Callable, Iterator
+from urllib.parse import parse_qs, urlparse
+
+from colls import env
+from colls.errors import RendezvousError
+from colls.store.base import Store, to_timedelta
+from colls.store.file import FileStore
+from colls.store.tcp import MAX_PORT, TCPStore
+
+RendezvousResult = tuple[Store, int, int]
+Handler = Callable[
+    [str, int, int, datetime.timedelta], RendezvousResult | Iterator[RendezvousResult]
+]
+
+#: Environment variables read for the rank and the world size, in priority order.
+RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+
+_handlers: dict[str, Handler] = {}
+_handlers_lock = threading.Lock()
+
+
+def register_rendezvous_handler(scheme: str, handler: Handler) -> None:
+    """Register ``handler`` for ``scheme://`` URLs.
+
+    The handler is called as ``handler(url, rank, world_size, timeout)`` with ``rank`` and
+    ``world_size`` as passed to :func:`rendezvous` (-1 when not given) and ``timeout`` a
+    timedelta. It returns ``(store, rank, world_size)`` or, as in torch, an iterator whose first
+    item is that tuple.
+
+    Raises:
+        TypeError: ``scheme`` is not a str or ``handler`` is not callable.
+        ValueError: ``scheme`` is empty or contains ``:`` / ``/``.
+        RendezvousError: ``scheme`` already has a handler.
+    """
+    if not isinstance(scheme, str):
+        raise TypeError(f"scheme must be a str, got {type(scheme).__name__} {scheme!r}")
+    if not scheme or ":" in scheme or "/" in scheme:
+        raise ValueError(f"scheme must be a bare name like 'etcd' (no ':' or '/'), got {scheme!r}")
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+    with _handlers_lock:
+        if scheme in _handlers:
+            raise RendezvousError(f"rendezvous handler for {scheme}:// is already registered")
+        _handlers[scheme] = handler
+
+
+def unregister_rendezvous_handler(scheme: str) -> None:
+    """Remove the handler of ``scheme`` (a no-op if none is registered)."""
+    with _handlers_lock:
+        _handlers.pop(scheme, None)
+
+
+def registered_schemes() -> list[str]:
+    """Return the registered schemes, sorted."""
+    with _handlers_lock:
+        return sorted(_handlers)
+
+
+def rendezvous(
+    init_method: str | None,
+    rank: int = -1,
+    world_size: int = -1,
+    timeout: float | datetime.timedelta | None = None,
+) -> RendezvousResult:
+    """Return ``(store, rank, world_size)`` for ``init_method`` (None means ``env://``).
+
+    Args:
+        init_method: a URL whose scheme names a registered handler.
+        rank: this process's rank, or -1 to take it from the URL or the environment.
+        world_size: number of processes, or -1 to take it from the URL or the environment.
+        timeout: seconds or a timedelta for the store; None uses COLLS_TIMEOUT.
+
+    Raises:
+        RendezvousError: unknown scheme, missing MASTER_ADDR/MASTER_PORT, malformed URL.
+        ValueError: rank or world size missing, not an int, or out of range.
+    """
+    url = "env://" if init_method is None else init_method
+    if not isinstance(url, str):
+        raise TypeError(f"init_method must be a str or None, got {type(url).__name__} {url!r}")
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    limit = to_timedelta(env.get("COLLS_TIMEOUT") if timeout is None else timeout)
+    scheme = urlparse(url).scheme
+    with _handlers_lock:
+        handler = _handlers.get(scheme)
+    if handler is None:
+        raise RendezvousError(
+            f"no rendezvous handler for {scheme or '(no scheme)'}:// in init_method {url!r}; "
+            f"registered schemes: {', '.join(s + '://' for s in registered_schemes())}"
+        )
+    result = handler(url, rank, world_size, limit)
+    if not isinstance(result, tuple):
+        try:
+            result = next(iter(result))
+        except StopIteration:
+            raise RendezvousError(f"rendezvous handler for {scheme}:// yielded nothing") from None
+    store, got_rank, got_size = result
+    _check_rank(got_rank, got_size, f"{scheme}://")
+    return store, got_rank, got_size
+
+
+# ----------------------------------------------------------------------- rank and world size
+def _parse_int(text: str, source: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{source} must be an integer, got {text!r}") from None
+
+
+def _query(url: str) -> dict[str, str]:
+    query = parse_qs(urlparse(url).query, keep_blank_values=True)
+    return {name: values[-1] for name, values in query.items()}
+
+
+def _resolve(name: str, argument: int, url: str, variables: tuple[str, ...]) -> int:
+    """Return ``name`` (rank or world_size) from the argument, the URL query or ``variables``."""
+    query = _query(url)
+    from_query = _parse_int(query[name], f"{name} in the URL {url!r}") if name in query else None
+    if argument >= 0:
+        if from_query is not None and from_query != argument:
+            raise ValueError(
+                f"{name}={argument} was passed but the URL {url!r} says {name}={from_query}"
+            )
+        return argument
+    if from_query is not None:
+        return from_query
+    for variable in variables:
+        raw = os.environ.get(variable)
+        if raw is not None and raw.strip():
+            return _parse_int(raw, f"environment variable {variable}")
+    where = f"pass {name}=" + (
+        f" or set {' / '.join(variables)}" if variables else f" or add ?{name}=N to the URL"
+    )
+    raise ValueError(f"{name} is not set for init_method {url!r} ({name}={argument}): {where}")
+
+
+def _check_rank(rank: int, world_size: int, where: str) -> None:
+    if world_size < 1:
+        raise ValueError(f"{where} rendezvous: world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"{where} rendezvous: rank must be in 0..{world_size - 1} "
+            f"(world_size={world_size}), got rank={rank}"
+        )
+
+
+def _resolve_rank_and_size(
+    url: str, rank: int, world_size: int, from_env: bool
+) -> tuple[int, int]:
+    resolved_rank = _resolve("rank", rank, url, RANK_VARIABLES if from_env else ())
+    size = _resolve("world_size", world_size, url, WORLD_SIZE_VARIABLES if from_env else ())
+    _check_rank(resolved_rank, size, url.split("?")[0])
+    return resolved_rank, size
+
+
+def _check_port(text: str, source: str) -> int:
+    port = _parse_int(text, source)
+    if not 0 <= port <= MAX_PORT:
+        raise ValueError(f"{source} must be a port in 0..{MAX_PORT}, got {port}")
+    return port
+
+
+# ----------------------------------------------------------------------------- handlers
+def _env_handler(
+    url: str, rank: int, world_size: int, timeout: datetime.timedelta
+) -> RendezvousResult:
+    rank, world_size = _resolve_rank_and_size(url, rank, world_size, from_env=True)
+    addr = os.environ.get("MASTER_ADDR", "").strip()
+    if not addr:
+        raise RendezvousError(
+            "env:// rendezvous: environment variable MASTER_ADDR is not set; set it to the "
+            "address of the rank 0 host, e.g. MASTER_ADDR=127.0.0.1 for a single machine "
+            "(colls-run sets it for you)"
+        )
+    raw_port = os.environ.get("MASTER_PORT", "").strip()
+    if not raw_port:
+        raise RendezvousError(
+            "env:// rendezvous: environment variable MASTER_PORT is not set; set it to a free "
+            "TCP port on the rank 0 host, e.g. MASTER_PORT=29500"
+        )
+    port = _check_port(raw_port, "environment variable MASTER_PORT")
+    store = TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout)
+    return store, rank, world_size
+
+
+def _tcp_handler(
+    url: str, rank: int, world_size: int, timeout: datetime.timedelta
+) -> RendezvousResult:
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError as exc:
+        raise RendezvousError(f"tcp:// rendezvous: bad port in {url!r}: {exc}") from None
+    if not parsed.hostname or port is None:
+        raise RendezvousError(
+            f"tcp:// rendezvous: init_method {url!r} must look like tcp://host:port"
+        )
+    rank, world_size = _resolve_rank_and_size(url, rank, world_size, from_env=False)
+    store = TCPStore(parsed.hostname, port, world_size, is_master=rank == 0, timeout=timeout)
+    return store, rank, world_size
+
+
+def _file_handler(
+    url: str, rank: int, world_size: int, timeout: datetime.timedelta
+) -> RendezvousResult:
+    path = urlparse(url).path
+    if not path:
+        raise RendezvousError(
+            f"file:// rendezvous: init_method {url!r} has no path; use file:///absolute/path"
+        )
+    rank, world_size = _resolve_rank_and_size(url, rank, world_size, from_env=False)
+    return FileStore(path, world_size, timeout=timeout), rank, world_size
+
+
+register_rendezvous_handler("env", _env_handler)
+register_rendezvous_handler("tcp", _tcp_handler)
+register_rendezvous_handler("file", _file_handler)
+
+__all__ = [
+    "RANK_VARIABLES",
+    "WORLD_SIZE_VARIABLES",
+    "register_rendezvous_handler",
+    "registered_schemes",
+    "rendezvous",
+    "unregister_rendezvous_handler",
+]

@@ -1,0 +1,168 @@
+"""Command line of colls-run (also ``python -m colls.run``): torchrun's flags, a LaunchConfig out.
+
+Only the static, single-attempt part of torchrun is offered: a fixed number of nodes, each
+starting ``--nproc-per-node`` workers that meet at ``--master-addr:--master-port``. There is no
+elastic rendezvous and no restart; see docs/launcher.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from colls.run.config import LaunchConfig, find_free_port
+from colls.run.processes import SignalCatcher, launch
+
+PROG = "colls-run"
+
+EPILOG = """\
+Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+MASTER_PORT and COLLS_ERROR_FILE. When a worker fails, the others are stopped and the first
+failing rank is reported with its exit code and traceback; colls-run exits with that code.
+"""
+
+
+def _count(flag: str, hint: str = "") -> Callable[[str], int]:
+    """Return an argparse type that accepts a positive integer for ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a positive integer, got {text!r}{hint}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        return value
+
+    parse.__name__ = flag  # argparse names the type in some messages
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of colls-run (torchrun's spelling of every flag it shares)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Start N worker processes per node for colls (torchrun-compatible flags).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", metavar="N",
+        type=_count("nproc-per-node", " (torchrun's auto/cpu/gpu are not supported)"), default=1,
+        help="workers to start on this node (default: 1)",
+    )
+    parser.add_argument(
+        "--nnodes", metavar="N", default=1,
+        type=_count("nnodes", " (elastic ranges such as 1:4 are not supported)"),
+        help="nodes in the job (default: 1)",
+    )
+    parser.add_argument(
+        "--node-rank", "--node_rank", dest="node_rank", metavar="R", type=int, default=0,
+        help="rank of this node, 0 <= R < nnodes (default: 0)",
+    )
+    parser.add_argument(
+        "--master-addr", "--master_addr", dest="master_addr", metavar="HOST",
+        default="127.0.0.1", help="address of the node running rank 0 (default: 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--master-port", "--master_port", dest="master_port", metavar="PORT", type=int,
+        default=None,
+        help="port on the master address; default: a free port (single node only; required "
+        "with --nnodes > 1)",
+    )
+    parser.add_argument(
+        "--standalone", action="store_true",
+        help="single node, with a free port chosen for the workers' rendezvous",
+    )
+    parser.add_argument(
+        "-m", "--module", action="store_true",
+        help="run the script argument as a Python module, like 'python -m'",
+    )
+    parser.add_argument(
+        "--no-python", "--no_python", dest="no_python", action="store_true",
+        help="run the script argument as a program, not through the Python interpreter",
+    )
+    parser.add_argument(
+        "--tag-output", "--tag_output", dest="tag_output", action="store_true",
+        help="prefix every output line of a worker with '[rank N]: '",
+    )
+    parser.add_argument("script", help="the script (module with -m, program with --no-python)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+    return parser
+
+
+def _resolve_port(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Return the MASTER_PORT to export, choosing a free one where that is allowed."""
+    if args.standalone:
+        if args.nnodes != 1:
+            parser.error(f"--standalone means a single node, but --nnodes is {args.nnodes}")
+        if args.master_port is not None:
+            print(
+                f"{PROG}: --standalone chooses a free port; ignoring --master-port "
+                f"{args.master_port}",
+                file=sys.stderr,
+            )
+        args.master_port = None
+    if args.master_port is not None:
+        return int(args.master_port)
+    if args.nnodes > 1:
+        parser.error(
+            f"--master-port is required when --nnodes > 1 (got --nnodes {args.nnodes}): every "
+            "node must be given the same port on --master-addr"
+        )
+    try:
+        return find_free_port(args.master_addr)
+    except ValueError as exc:
+        parser.error(str(exc).removeprefix(f"{PROG}: "))
+
+
+def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
+    """Parse a colls-run command line into a LaunchConfig.
+
+    Raises:
+        SystemExit: the command line is invalid (status 2, with a message naming the flag and
+            value), or --help was given (status 0).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    port = _resolve_port(parser, args)
+    if not (args.module or args.no_python or os.path.exists(args.script)):
+        parser.error(
+            f"script {args.script!r} does not exist (use -m to run a module, --no-python to run "
+            "a program)"
+        )
+    try:
+        return LaunchConfig(
+            script=args.script,
+            script_args=tuple(args.script_args),
+            nproc_per_node=args.nproc_per_node,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=port,
+            module=args.module,
+            no_python=args.no_python,
+            tag_output=args.tag_output,
+        )
+    except ValueError as exc:
+        parser.error(str(exc).removeprefix(f"{PROG}: "))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run colls-run with ``argv`` (``sys.argv[1:]`` when None) and return its exit code.
+
+    Returns:
+        0 when every worker succeeded; the first failing worker's exit code (128 + N when it was
+        killed by signal N); 128 + N when colls-run itself got signal N (130 for Ctrl-C); 2 for
+        a bad command line.
+    """
+    try:
+        config = parse_config(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors
+        return exc.code if isinstance(exc.code, int) else 1
+    with SignalCatcher() as signals:
+        return launch(config, signals)

@@ -1,0 +1,110 @@
+"""The launch configuration of colls-run: one frozen, validated value built from the command line.
+
+Keeping the configuration a plain immutable value (rather than an argparse Namespace passed around)
+lets the process layer and the tests build launches without going through argument parsing, and
+puts every range check in one place. This module imports only the standard library, because
+colls-run must start in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+#: Highest TCP port number.
+MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What to start on this node, and the rendezvous address every worker is told.
+
+    Attributes:
+        script: The program to run: a Python script path, a module name (``module=True``) or an
+            executable (``no_python=True``).
+        script_args: Arguments passed to the program unchanged.
+        nproc_per_node: Workers started on this node (LOCAL_WORLD_SIZE).
+        nnodes: Nodes in the job; WORLD_SIZE is ``nnodes * nproc_per_node``.
+        node_rank: This node's index in ``[0, nnodes)`` (GROUP_RANK).
+        master_addr: Address of rank 0's host, exported as MASTER_ADDR.
+        master_port: Port exported as MASTER_PORT (already resolved; never 0).
+        module: Run ``script`` as a module, like ``python -m``.
+        no_python: Execute ``script`` directly instead of through the Python interpreter.
+        tag_output: Prefix every output line of each worker with ``[rank N]: ``.
+    """
+
+    script: str
+    script_args: tuple[str, ...] = field(default_factory=tuple)
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    module: bool = False
+    no_python: bool = False
+    tag_output: bool = False
+
+    def __post_init__(self) -> None:
+        """Check ranges and flag combinations; the messages name the flag and the value."""
+        if not self.script:
+            raise ValueError("colls-run: script: expected a program to run, got an empty string")
+        _require_positive("--nproc-per-node", self.nproc_per_node)
+        _require_positive("--nnodes", self.nnodes)
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"colls-run: --node-rank {self.node_rank} is out of range; expected "
+                f"0 <= node rank < --nnodes ({self.nnodes})"
+            )
+        if not self.master_addr:
+            raise ValueError("colls-run: --master-addr: expected a host name or address, got ''")
+        if not 1 <= self.master_port <= MAX_PORT:
+            raise ValueError(
+                f"colls-run: --master-port {self.master_port} is out of range; "
+                f"expected 1..{MAX_PORT}"
+            )
+        if self.module and self.no_python:
+            raise ValueError(
+                "colls-run: --module and --no-python cannot be used together "
+                "(a module needs the Python interpreter)"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """Return the number of workers in the whole job."""
+        return self.nnodes * self.nproc_per_node
+
+    def global_rank(self, local_rank: int) -> int:
+        """Return the job-wide RANK of the worker with ``local_rank`` on this node."""
+        return self.node_rank * self.nproc_per_node + local_rank
+
+
+def _require_positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"colls-run: {flag} {value} is invalid; expected a positive integer")
+
+
+def find_free_port(host: str) -> int:
+    """Return a TCP port that is free on ``host`` now, chosen by the OS (bind to port 0).
+
+    The socket is closed before the workers start, so another process could take the port in
+    between; the window is short and this is what torchrun's standalone mode does too.
+
+    Raises:
+        ValueError: ``host`` cannot be resolved or no socket can be bound on it.
+    """
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ValueError(f"colls-run: --master-addr {host!r} cannot be resolved: {exc}") from exc
+    last_error: OSError | None = None
+    for family, sock_type, proto, _name, address in infos:
+        try:
+            with socket.socket(family, sock_type, proto) as sock:
+                sock.bind(address)
+                return int(sock.getsockname()[1])
+        except OSError as exc:
+            last_error = exc
+    raise ValueError(
+        f"colls-run: cannot bind a free port on --master-addr {host!r} "
+        f"(pass --master-port explicitly, or an address of this host): {last_error}"
+    )

@@ -1,0 +1,406 @@
+"""Start, watch and stop the workers of one node: the process half of colls-run.
+
+Every worker runs in its own session (``start_new_session=True``), so the launcher can signal a
+worker together with anything it spawned (``os.killpg``), and so a Ctrl-C in the terminal reaches
+only the launcher, which forwards it once. All workers are started before any is waited on, then
+polled every ``POLL_INTERVAL_S``. When one fails, the rest get SIGTERM, ``STOP_GRACE_S`` to exit,
+then SIGKILL, and the root-cause report (colls.run.failures) goes to stderr.
+
+Standard library only: the launcher must start in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+from typing import IO, BinaryIO
+
+from colls.run.config import LaunchConfig
+from colls.run.failures import (
+    SIGNAL_EXIT_BASE,
+    WorkerOutcome,
+    exit_code_for,
+    first_failure,
+    format_interrupted,
+    format_root_cause,
+    read_error_file,
+)
+
+#: How often the workers are polled. Polling a handful of children costs microseconds; 20 ms keeps
+#: the launcher's reaction (and its exit after the last worker) well under a human's notice.
+POLL_INTERVAL_S = 0.02
+
+#: Time the remaining workers get to exit after SIGTERM before they are killed with SIGKILL.
+STOP_GRACE_S = 3.0
+
+#: Upper bound on waiting for a worker to disappear after SIGKILL (it can hang only in the kernel).
+KILL_WAIT_S = 10.0
+
+#: Upper bound on waiting for the output readers of --tag-output after the workers are gone (a
+#: grandchild that outlives its worker may keep the pipe open).
+PUMP_JOIN_TIMEOUT_S = 2.0
+
+#: Module every Python worker runs; it wraps the user's script (see colls.run._worker).
+WORKER_MODULE = "colls.run._worker"
+
+#: Signals the launcher forwards to the workers before stopping them.
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: Exit codes of a worker that cannot be started, as a shell reports them.
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+
+
+class WorkerStartError(Exception):
+    """A worker process could not be started (program not found, not executable, ...)."""
+
+    def __init__(self, local_rank: int, command: list[str], cause: OSError) -> None:
+        super().__init__(
+            f"colls-run: cannot start local rank {local_rank}: {command[0]!r}: "
+            f"{cause.strerror or cause}"
+        )
+        self.local_rank = local_rank
+        self.command = command
+        self.cause = cause
+
+    @property
+    def exit_code(self) -> int:
+        """Return 127 when the program does not exist, 126 when it cannot be executed, else 1."""
+        if isinstance(self.cause, FileNotFoundError):
+            return EXIT_NOT_FOUND
+        if isinstance(self.cause, PermissionError):
+            return EXIT_NOT_EXECUTABLE
+        return 1
+
+
+def build_command(config: LaunchConfig) -> list[str]:
+    """Return the argv each worker runs: the wrapped Python program, or the program itself.
+
+    Python workers run with ``-u`` (unbuffered output) as under torchrun; ``PYTHON_EXEC`` picks
+    another interpreter, as in torchrun.
+    """
+    if config.no_python:
+        return [config.script, *config.script_args]
+    python = os.environ.get("PYTHON_EXEC") or sys.executable
+    target = ["-m", config.script] if config.module else [config.script]
+    return [python, "-u", "-m", WORKER_MODULE, *target, *config.script_args]
+
+
+def worker_env(
+    config: LaunchConfig, local_rank: int, error_file: str, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Return the environment of the worker with ``local_rank``: ``base`` plus the launch variables.
+
+    Args:
+        config: The launch.
+        local_rank: The worker's rank on this node.
+        error_file: Where the worker writes its traceback (exported as COLLS_ERROR_FILE).
+        base: The environment to extend; the launcher's own when None.
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(
+        RANK=str(config.global_rank(local_rank)),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(config.world_size),
+        LOCAL_WORLD_SIZE=str(config.nproc_per_node),
+        GROUP_RANK=str(config.node_rank),
+        MASTER_ADDR=config.master_addr,
+        MASTER_PORT=str(config.master_port),
+        COLLS_ERROR_FILE=error_file,
+    )
+    if config.nproc_per_node > 1:
+        # As torchrun: N workers each spawning one OpenMP thread per core overload the machine.
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@dataclass
+class Worker:
+    """One started worker and what the launcher knows about it."""
+
+    local_rank: int
+    rank: int
+    error_file: str
+    popen: subprocess.Popen[bytes]
+    returncode: int | None = None
+    stopped_by_launcher: bool = False
+    stop_signal: int | None = None
+
+    @property
+    def pid(self) -> int:
+        """Return the worker's process id (also its process group id)."""
+        return self.popen.pid
+
+
+class _LinePump:
+    """Copy one worker pipe to the launcher's stream line by line, each line prefixed."""
+
+    def __init__(self, pipe: IO[bytes], sink: BinaryIO | None, prefix: bytes, lock: threading.Lock):
+        self._pipe = pipe
+        self._sink = sink
+        self._prefix = prefix
+        self._lock = lock
+        self._thread = threading.Thread(target=self._run, name="colls-run-output", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for line in iter(self._pipe.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"  # keep the next prefix at the start of a line
+                self._write(self._prefix + line)
+        finally:
+            self._pipe.close()
+
+    def _write(self, data: bytes) -> None:
+        if self._sink is None:
+            return  # the launcher's stream is gone; keep draining so the worker never blocks
+        try:
+            with self._lock:
+                self._sink.write(data)
+                self._sink.flush()
+        except (OSError, ValueError):
+            self._sink = None
+
+    def join(self, timeout: float) -> None:
+        """Wait until the worker closed its end of the pipe, for at most ``timeout`` seconds."""
+        self._thread.join(timeout)
+
+
+def _binary(stream: IO[str]) -> BinaryIO | None:
+    return getattr(stream, "buffer", None)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """Send ``signum`` to the process group of the worker ``pid``; ignore a group that is gone."""
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class WorkerGroup:
+    """The workers of this node, from start to cleanup. Use as a context manager.
+
+    Leaving the context kills any worker still running, waits for the output readers and removes
+    the temporary directory holding the error files.
+    """
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.workers: list[Worker] = []
+        self._pumps: list[_LinePump] = []
+        self._error_dir: str | None = None
+        self._output_lock = threading.Lock()
+
+    def __enter__(self) -> WorkerGroup:
+        self._error_dir = tempfile.mkdtemp(prefix="colls-run-")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start every worker of this node, without waiting on any.
+
+        Raises:
+            WorkerStartError: a worker could not be started; the ones already started keep
+                running until the caller stops them (or leaves the context).
+        """
+        if self._error_dir is None:
+            raise RuntimeError("colls-run: WorkerGroup.start() called outside its 'with' block")
+        command = build_command(self.config)
+        pipe = subprocess.PIPE if self.config.tag_output else None
+        for local_rank in range(self.config.nproc_per_node):
+            rank = self.config.global_rank(local_rank)
+            error_file = os.path.join(self._error_dir, f"error-rank{rank}.json")
+            env = worker_env(self.config, local_rank, error_file)
+            try:
+                popen = subprocess.Popen(
+                    command, env=env, stdout=pipe, stderr=pipe, start_new_session=True
+                )
+            except OSError as exc:
+                raise WorkerStartError(local_rank, command, exc) from exc
+            self.workers.append(Worker(local_rank, rank, error_file, popen))
+            if self.config.tag_output:
+                self._tag(popen, rank)
+
+    def _tag(self, popen: subprocess.Popen[bytes], rank: int) -> None:
+        prefix = f"[rank {rank}]: ".encode()
+        if popen.stdout is None or popen.stderr is None:
+            raise RuntimeError("colls-run: --tag-output needs the workers' output as pipes")
+        self._pumps.append(_LinePump(popen.stdout, _binary(sys.stdout), prefix, self._output_lock))
+        self._pumps.append(_LinePump(popen.stderr, _binary(sys.stderr), prefix, self._output_lock))
+
+    def poll(self) -> list[Worker]:
+        """Return the workers that exited since the last poll, recording their return codes."""
+        exited = []
+        for worker in self.workers:
+            if worker.returncode is None:
+                code = worker.popen.poll()
+                if code is not None:
+                    worker.returncode = code
+                    exited.append(worker)
+        return exited
+
+    def running(self) -> list[Worker]:
+        """Return the workers not yet seen to exit."""
+        return [w for w in self.workers if w.returncode is None]
+
+    def stop(self, signum: int, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Send ``signum`` to every worker's group, wait up to ``grace_s``, then SIGKILL the rest.
+
+        Args:
+            signum: The first signal (SIGTERM, or the one the launcher received).
+            grace_s: Seconds the workers get to exit before SIGKILL.
+            hurry: Called while waiting; when it returns True (say, a second Ctrl-C), SIGKILL
+                is sent at once.
+        """
+        self.poll()
+        for worker in self.running():
+            worker.stopped_by_launcher = True
+            worker.stop_signal = signum
+        for worker in self.workers:  # exited ones too: their own children may still run
+            _signal_group(worker.pid, signum)
+        deadline = time.monotonic() + grace_s
+        while self.running() and time.monotonic() < deadline and not hurry():
+            time.sleep(POLL_INTERVAL_S)
+            self.poll()
+        self._kill_running()
+
+    def _kill_running(self) -> None:
+        for worker in self.running():
+            worker.stopped_by_launcher = True
+            worker.stop_signal = signal.SIGKILL
+            _signal_group(worker.pid, signal.SIGKILL)
+        for worker in self.running():
+            try:
+                worker.returncode = worker.popen.wait(KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                print(f"colls-run: pid {worker.pid} survived SIGKILL", file=sys.stderr)
+
+    def finish_output(self) -> None:
+        """Wait for the tagged output of exited workers to be written (no-op without tagging)."""
+        for pump in self._pumps:
+            pump.join(PUMP_JOIN_TIMEOUT_S)
+        self._pumps.clear()
+
+    def outcome(self, worker: Worker) -> WorkerOutcome:
+        """Return how ``worker`` ended (it must have exited), with its error file if any."""
+        if worker.returncode is None:
+            raise ValueError(f"colls-run: rank {worker.rank} (pid {worker.pid}) is still running")
+        return WorkerOutcome(
+            rank=worker.rank,
+            local_rank=worker.local_rank,
+            pid=worker.pid,
+            returncode=worker.returncode,
+            stopped_by_launcher=worker.stopped_by_launcher,
+            stop_signal=worker.stop_signal,
+            error=read_error_file(worker.error_file),
+        )
+
+    def close(self) -> None:
+        """Kill any worker still running, flush tagged output and remove the error files."""
+        self.poll()
+        self._kill_running()
+        self.finish_output()
+        if self._error_dir is not None:
+            shutil.rmtree(self._error_dir, ignore_errors=True)
+            self._error_dir = None
+
+
+class SignalCatcher:
+    """Record SIGINT, SIGTERM and SIGHUP sent to the launcher, for the supervise loop to act on.
+
+    A context manager: the previous handlers come back on exit. Outside the main thread (where
+    Python cannot install handlers) it records nothing.
+    """
+
+    def __init__(self) -> None:
+        self._received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> SignalCatcher:
+        if threading.current_thread() is threading.main_thread():
+            for signum in FORWARDED_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._received.append(signum)
+
+    def take(self) -> int | None:
+        """Return the oldest signal not yet taken, or None."""
+        return self._received.pop(0) if self._received else None
+
+    def pending(self) -> bool:
+        """Return True when a signal arrived that was not yet taken."""
+        return bool(self._received)
+
+
+def launch(config: LaunchConfig, signals: SignalCatcher | None = None) -> int:
+    """Run the workers of this node to the end and return the launcher's exit code.
+
+    Returns:
+        0 when every worker exited 0; the first failure's exit code (128 + N for signal N) when
+        one failed; 128 + N when the launcher received signal N; 126/127 when a worker could not
+        be started.
+    """
+    with WorkerGroup(config) as group:
+        try:
+            group.start()
+        except WorkerStartError as exc:
+            print(exc, file=sys.stderr)
+            group.stop(signal.SIGTERM, STOP_GRACE_S)
+            return exc.exit_code
+        return _supervise(group, signals)
+
+
+def _supervise(group: WorkerGroup, signals: SignalCatcher | None) -> int:
+    hurry = signals.pending if signals is not None else (lambda: False)
+    while True:
+        signum = signals.take() if signals is not None else None
+        if signum is not None:
+            group.stop(signum, STOP_GRACE_S, hurry)
+            group.finish_output()
+            report = format_interrupted(signum, [group.outcome(w) for w in group.workers])
+            _print_report(report)
+            return SIGNAL_EXIT_BASE + signum
+        failed = [w for w in group.poll() if w.returncode != 0]
+        if failed:
+            first = first_failure([group.outcome(w) for w in failed])
+            group.stop(signal.SIGTERM, STOP_GRACE_S, hurry)
+            group.finish_output()  # the report comes after the workers' last lines
+            others = [group.outcome(w) for w in group.workers if w.rank != first.rank]
+            _print_report(format_root_cause(first, others))
+            return exit_code_for(first.returncode) or 1
+        if not group.running():
+            return 0
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _print_report(text: str) -> None:
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # stderr closed: the exit code still tells the story

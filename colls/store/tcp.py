@@ -1,0 +1,359 @@
+"""TCPStore: the store every multi-host job uses, as torch.distributed's ``TCPStore``.
+
+The master (``is_master=True``) starts a :class:`~colls.store.tcp_server.StoreServer` bound only to
+``host_name``; every TCPStore, the master included, is a client with one socket to that server.
+The client is thread-safe: each request/response holds one connection from a small pool (guarded
+by a lock), so a ``get`` blocked in one thread never stalls a ``set`` from another; the extra
+connections are opened only on such concurrency. Sockets set TCP_NODELAY, and the first connection
+is retried until the timeout because the master may start after the workers. Blocking calls are
+parked on the server and answered when the keys appear, so waiting costs no traffic.
+
+With ``world_size`` given, each client counts itself in an internal join counter; the master's
+constructor (with ``wait_for_workers``) returns once ``world_size`` clients have joined.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+
+from colls.errors import NetworkError, StoreError, StoreTimeoutError
+from colls.store import _wire
+from colls.store._wire import Command, Status
+from colls.store.base import (
+    DEFAULT_TIMEOUT,
+    INTERNAL_KEY_PREFIX,
+    Store,
+    timeout_error,
+    to_seconds,
+)
+from colls.store.tcp_server import StoreServer
+
+#: First pause between connection attempts; doubles up to CONNECT_RETRY_MAX_S.
+CONNECT_RETRY_INITIAL_S = 0.01
+CONNECT_RETRY_MAX_S = 0.5
+#: Limit of one connection attempt when the store has no timeout, and the least any attempt gets.
+CONNECT_ATTEMPT_S = 30.0
+MIN_ATTEMPT_S = 0.05
+#: Idle connections a client keeps; more are opened only while several threads are in requests.
+MAX_IDLE_CONNECTIONS = 4
+#: A reply to a parked request may arrive this long after its server-side deadline before the
+#: client gives up on the server (network delay, a busy server thread).
+REPLY_GRACE_S = 10.0
+#: Internal keys: the join counter and the flag the last joining client sets.
+JOIN_COUNT_KEY = INTERNAL_KEY_PREFIX + "join/count"
+JOIN_DONE_KEY = INTERNAL_KEY_PREFIX + "join/done"
+MAX_PORT = 65535
+
+
+def _check_args(host_name: object, port: object, world_size: object) -> None:
+    if not isinstance(host_name, str):
+        raise TypeError(f"host_name must be a str, got {type(host_name).__name__} {host_name!r}")
+    if not isinstance(port, int) or isinstance(port, bool):
+        raise TypeError(f"port must be an int, got {type(port).__name__} {port!r}")
+    if not 0 <= port <= MAX_PORT:
+        raise ValueError(f"port must be in 0..{MAX_PORT}, got {port}")
+    if world_size is not None:
+        if not isinstance(world_size, int) or isinstance(world_size, bool):
+            raise TypeError(
+                f"world_size must be an int or None, got {type(world_size).__name__} "
+                f"{world_size!r}"
+            )
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1 or None, got {world_size}")
+
+
+class TCPStore(Store):
+    """A client of a TCP key-value server; the master also runs the server.
+
+    Args:
+        host_name: address of the server; the master binds to it and only to it.
+        port: server port; 0 on the master lets the OS pick (read it back from :attr:`port`).
+        world_size: number of clients expected to join (master included), or None.
+        is_master: start the server in this process.
+        timeout: default timeout of blocking calls and of connecting (seconds or timedelta).
+        wait_for_workers: on the master with ``world_size``, return only once all have joined.
+
+    Raises:
+        NetworkError: the server could not be bound, or not reached within ``timeout``.
+        StoreTimeoutError: the master waited ``timeout`` for ``world_size`` clients.
+    """
+
+    def __init__(
+        self,
+        host_name: str,
+        port: int,
+        world_size: int | None = None,
+        is_master: bool = False,
+        timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
+        wait_for_workers: bool = True,
+    ) -> None:
+        _check_args(host_name, port, world_size)
+        super().__init__(timeout)
+        if not is_master and port == 0:
+            raise ValueError("port 0 (let the OS pick) is only valid with is_master=True")
+        self._host = host_name
+        self._port = port
+        self._world_size = world_size
+        self._lock = threading.Lock()  # guards the connection pool below
+        self._idle: list[socket.socket] = []
+        self._sockets: set[socket.socket] = set()
+        self._server: StoreServer | None = None
+        start = time.monotonic()
+        try:
+            if is_master:
+                self._server = StoreServer(host_name, port)
+                self._server.start()
+                self._port = self._server.port
+            sock = self._connect(start)
+            self._sockets.add(sock)
+            self._idle.append(sock)
+            if world_size is not None:
+                self._join(world_size, bool(is_master and wait_for_workers), start)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------------------- properties
+    @property
+    def host(self) -> str:
+        """The server host this store was given."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The server port (the OS-chosen one on a master created with port 0)."""
+        return self._port
+
+    @property
+    def world_size(self) -> int | None:
+        """The world size given at construction, or None."""
+        return self._world_size
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this store runs the server."""
+        return self._server is not None
+
+    @property
+    def server(self) -> StoreServer | None:
+        """The server of a master store (None on other clients)."""
+        return self._server
+
+    @property
+    def description(self) -> str:
+        """Return ``TCPStore host:port`` (IPv6 hosts in brackets)."""
+        if ":" in self._host:
+            return f"TCPStore [{self._host}]:{self._port}"
+        return f"TCPStore {self._host}:{self._port}"
+
+    # ---------------------------------------------------------------------------- connection
+    def _connect(self, start: float) -> socket.socket:
+        """Connect to the server, retrying until the store timeout has passed since ``start``."""
+        limit = to_seconds(self._timeout)
+        delay = CONNECT_RETRY_INITIAL_S
+        while True:
+            remaining = None if limit is None else limit - (time.monotonic() - start)
+            attempt = CONNECT_ATTEMPT_S if remaining is None else max(remaining, MIN_ATTEMPT_S)
+            try:
+                sock = socket.create_connection((self._host, self._port), timeout=attempt)
+            except OSError as exc:
+                elapsed = time.monotonic() - start
+                if limit is not None and elapsed >= limit:
+                    raise NetworkError(
+                        f"{self.description}: could not connect after {elapsed:.1f} s "
+                        f"(timeout {limit:.1f} s): {exc}"
+                    ) from exc
+                left = None if limit is None else limit - elapsed
+                time.sleep(delay if left is None else min(delay, left))
+                delay = min(delay * 2, CONNECT_RETRY_MAX_S)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+
+    def _join(self, world_size: int, wait: bool, start: float) -> None:
+        """Count this client in; on a waiting master, block until ``world_size`` have joined."""
+        joined = self._add(JOIN_COUNT_KEY, 1)
+        if joined == world_size:
+            self._set(JOIN_DONE_KEY, b"1")
+        if not wait:
+            return
+        limit = to_seconds(self._timeout)
+        remaining = None if limit is None else max(limit - (time.monotonic() - start), 0.0)
+        try:
+            self._wait([JOIN_DONE_KEY], remaining)
+        except StoreTimeoutError:
+            count = self._add(JOIN_COUNT_KEY, 0)
+            elapsed = time.monotonic() - start
+            shown = "none" if limit is None else f"{limit:.1f} s"
+            raise StoreTimeoutError(
+                f"{self.description}: only {count} of world_size={world_size} clients joined "
+                f"after {elapsed:.1f} s (timeout {shown})"
+            ) from None
+
+    # ------------------------------------------------------------------------------ requests
+    def _request(
+        self, command: Command, fields: list[bytes], op: str, keys: list[str],
+        wait_timeout: float | None = 0.0,
+    ) -> list[bytes]:
+        """Send one request on a pooled connection and return the OK reply's fields.
+
+        ``wait_timeout`` is the server-side deadline of a blocking request (None: forever; 0 for
+        the others). The socket waits that long plus the larger of REPLY_GRACE_S and the store
+        timeout before declaring the server unresponsive.
+        """
+        frame = _wire.encode_frame(command, fields)
+        store_limit = to_seconds(self._timeout)
+        if wait_timeout is None or store_limit is None:
+            io_timeout = None
+        else:
+            io_timeout = wait_timeout + max(REPLY_GRACE_S, store_limit)
+        start = time.monotonic()
+        sock = self._checkout()
+        try:
+            sock.settimeout(io_timeout)
+            sock.sendall(frame)
+            status, reply = self._receive(sock)
+        except (OSError, _wire.ProtocolError) as exc:
+            self._discard(sock)
+            self._check_open()  # closed by another thread meanwhile: say so
+            if isinstance(exc, socket.timeout):
+                raise NetworkError(
+                    f"{self.description}: no reply to {op} within "
+                    f"{time.monotonic() - start:.1f} s; the store server is not responding"
+                ) from exc
+            raise NetworkError(f"{self.description}: connection lost during {op}: {exc}") from exc
+        self._checkin(sock)
+        if status == Status.OK:
+            return reply
+        if status == Status.TIMEOUT:
+            missing = [k.decode("utf-8", "replace") for k in reply] or keys
+            raise timeout_error(
+                self.description, op, missing, time.monotonic() - start, wait_timeout
+            )
+        message = reply[0].decode("utf-8", "replace") if reply else f"status {status}"
+        raise StoreError(f"{self.description}: {message}")
+
+    # ------------------------------------------------------------------------ connection pool
+    def _checkout(self) -> socket.socket:
+        """Take an idle connection, or open one more when every connection is busy."""
+        with self._lock:
+            self._check_open()
+            if self._idle:
+                return self._idle.pop()
+        limit = to_seconds(self._timeout)
+        attempt = CONNECT_ATTEMPT_S if limit is None else max(limit, MIN_ATTEMPT_S)
+        try:
+            sock = socket.create_connection((self._host, self._port), timeout=attempt)
+        except OSError as exc:
+            raise NetworkError(f"{self.description}: could not connect: {exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            if not self._closed:
+                self._sockets.add(sock)
+                return sock
+        sock.close()
+        raise StoreError(f"{self.description}: the store is closed")
+
+    def _checkin(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(sock)
+                return
+            self._sockets.discard(sock)
+        sock.close()
+
+    def _discard(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+        _shutdown(sock)
+
+    @staticmethod
+    def _recv_exact(sock: socket.socket, size: int) -> bytearray:
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        pos = 0
+        while pos < size:
+            got = sock.recv_into(view[pos:])
+            if got == 0:
+                raise ConnectionError("the store server closed the connection")
+            pos += got
+        return buffer
+
+    def _receive(self, sock: socket.socket) -> tuple[int, list[bytes]]:
+        status, length = _wire.decode_header(self._recv_exact(sock, _wire.HEADER.size))
+        return status, _wire.decode_fields(self._recv_exact(sock, length))
+
+    @staticmethod
+    def _key(key: str) -> bytes:
+        data = key.encode("utf-8")
+        if len(data) > _wire.MAX_KEY_BYTES:
+            raise ValueError(
+                f"key of {len(data)} utf-8 bytes exceeds MAX_KEY_BYTES={_wire.MAX_KEY_BYTES}"
+            )
+        return data
+
+    # ---------------------------------------------------------------------------- primitives
+    def _set(self, key: str, value: bytes) -> None:
+        self._request(Command.SET, [self._key(key), value], "set", [key])
+
+    def _get(self, key: str, timeout: float | None) -> bytes:
+        fields = [_wire.encode_timeout(timeout), self._key(key)]
+        return self._request(Command.GET, fields, "get", [key], timeout)[0]
+
+    def _add(self, key: str, amount: int) -> int:
+        fields = [self._key(key), _wire.encode_int(amount)]
+        return _wire.decode_int(self._request(Command.ADD, fields, "add", [key])[0])
+
+    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        fields = [self._key(key), expected, desired]
+        return self._request(Command.COMPARE_SET, fields, "compare_set", [key])[0]
+
+    def _wait(self, keys: list[str], timeout: float | None) -> None:
+        fields = [_wire.encode_timeout(timeout)] + [self._key(k) for k in keys]
+        self._request(Command.WAIT, fields, "wait", keys, timeout)
+
+    def _check(self, keys: list[str]) -> bool:
+        reply = self._request(Command.CHECK, [self._key(k) for k in keys], "check", keys)
+        return reply[0] == b"\x01"
+
+    def _delete_key(self, key: str) -> bool:
+        reply = self._request(Command.DELETE_KEY, [self._key(key)], "delete_key", [key])
+        return reply[0] == b"\x01"
+
+    def _num_keys(self) -> int:
+        return _wire.decode_int(self._request(Command.NUM_KEYS, [], "num_keys", [])[0])
+
+    def _multi_get(self, keys: list[str], timeout: float | None) -> list[bytes]:
+        fields = [_wire.encode_timeout(timeout)] + [self._key(k) for k in keys]
+        return self._request(Command.MULTI_GET, fields, "multi_get", keys, timeout)
+
+    def _multi_set(self, keys: list[str], values: list[bytes]) -> None:
+        fields: list[bytes] = []
+        for key, value in zip(keys, values, strict=True):
+            fields += [self._key(key), value]
+        self._request(Command.MULTI_SET, fields, "multi_set", keys)
+
+    def _close(self) -> None:
+        """Close every connection; on the master also stop the server thread and its listener."""
+        with self._lock:
+            sockets = list(self._sockets)
+            self._sockets.clear()
+            self._idle.clear()
+        for sock in sockets:  # shutdown also wakes a thread blocked in a request
+            _shutdown(sock)
+        if self._server is not None:
+            self._server.stop()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+__all__ = ["TCPStore"]

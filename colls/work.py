@@ -1,0 +1,191 @@
+"""Work: the handle of an operation that runs in the background.
+
+A :class:`Work` is what ``async_op=True`` collectives and ``isend``/``irecv`` return, with torch's
+methods: ``wait(timeout)``, ``is_completed()``, ``is_success()``, ``exception()``,
+``get_future()``, ``result()`` and ``source_rank()``. It wraps a
+:class:`concurrent.futures.Future`, which the backend (or the group's executor) completes.
+
+Failures are never swallowed: ``wait()`` re-raises the exception the operation ended with.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import threading
+from collections.abc import Callable
+from typing import Any, final
+
+from colls.errors import CollsTimeoutError
+
+
+def seconds(timeout: float | datetime.timedelta | None) -> float | None:
+    """Return ``timeout`` as float seconds (``None`` stays ``None``)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        return float(timeout)
+    raise TypeError(
+        f"timeout must be a datetime.timedelta or a number of seconds, got {type(timeout).__name__}"
+    )
+
+
+@final
+class Work:
+    """Handle of one asynchronous operation.
+
+    Args:
+        future: the future the backend completes; a new one is made when omitted.
+        description: what the operation is ("all_reduce on group 'default_pg'"), used in errors.
+        default_timeout: seconds ``wait()`` waits when given no timeout (``None``: forever).
+    """
+
+    __slots__ = ("_future", "description", "default_timeout")
+
+    def __init__(
+        self,
+        future: concurrent.futures.Future[Any] | None = None,
+        *,
+        description: str = "operation",
+        default_timeout: float | None = None,
+    ) -> None:
+        self._future: concurrent.futures.Future[Any] = future or concurrent.futures.Future()
+        self.description = description
+        self.default_timeout = default_timeout
+
+    # -- constructors used by backends -------------------------------------------------------
+
+    @classmethod
+    def completed(cls, value: Any = None, *, description: str = "operation") -> Work:
+        """Return a Work that has already succeeded with ``value``."""
+        work = cls(description=description)
+        work._future.set_result(value)
+        return work
+
+    @classmethod
+    def failed(cls, exc: BaseException, *, description: str = "operation") -> Work:
+        """Return a Work that has already failed with ``exc``."""
+        work = cls(description=description)
+        work._future.set_exception(exc)
+        return work
+
+    def set_result(self, value: Any = None) -> None:
+        """Mark the operation done (backends call this; once only)."""
+        if not self._future.done():
+            self._future.set_result(value)
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Mark the operation failed with ``exc`` (backends call this; first failure wins)."""
+        if not self._future.done():
+            self._future.set_exception(exc)
+
+    def add_done_callback(self, callback: Callable[[Work], None]) -> None:
+        """Call ``callback(self)`` when the operation ends (at once if it already has)."""
+        self._future.add_done_callback(lambda _f: callback(self))
+
+    # -- torch's Work API -----------------------------------------------------------------------
+
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        """Block until the operation ends; return True, or re-raise its failure.
+
+        Raises:
+            CollsTimeoutError: it did not end within ``timeout`` (or the group's default).
+            Exception: whatever the operation failed with.
+        """
+        limit = seconds(timeout)
+        if limit is None:
+            limit = self.default_timeout
+        try:
+            self._future.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            raise CollsTimeoutError(
+                f"{self.description} did not complete within {limit:.1f} s"
+            ) from None
+        return True
+
+    def is_completed(self) -> bool:
+        """Return True once the operation has ended, successfully or not."""
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        """Return True if the operation ended without error."""
+        return self._future.done() and self._future.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """Return the failure of an ended operation, or None."""
+        if not self._future.done():
+            return None
+        return self._future.exception()
+
+    def get_future(self) -> concurrent.futures.Future[Any]:
+        """Return the underlying future (completes with the operation's result)."""
+        return self._future
+
+    def result(self) -> Any:
+        """Wait and return the operation's value (for recv: the sender's group rank)."""
+        self.wait()
+        return self._future.result()
+
+    def source_rank(self) -> int:
+        """Wait and return the sender of a receive (its group rank)."""
+        value = self.result()
+        if not isinstance(value, int):
+            raise RuntimeError(f"{self.description} is not a receive; it has no source rank")
+        return value
+
+    def __repr__(self) -> str:
+        state = "pending"
+        if self._future.done():
+            state = "failed" if self._future.exception() is not None else "done"
+        return f"<colls.Work {self.description}: {state}>"
+
+
+def all_done(works: list[Work], *, description: str) -> Work:
+    """Return one Work that completes when every Work in ``works`` has (first failure wins)."""
+    combined = Work(description=description)
+    remaining = len(works)
+    if remaining == 0:
+        combined.set_result(None)
+        return combined
+    lock = threading.Lock()
+
+    def _one_done(work: Work) -> None:
+        nonlocal remaining
+        exc = work.exception()
+        if exc is not None:
+            combined.set_exception(exc)
+            return
+        with lock:
+            remaining -= 1
+            finished = remaining == 0
+        if finished:
+            combined.set_result(None)
+
+    for work in works:
+        work.add_done_callback(_one_done)
+    return combined
+
+
+def chain(work: Work, after: Callable[[Any], Any]) -> Work:
+    """Return a Work that completes with ``after(result)`` once ``work`` has succeeded.
+
+    A failure of ``work`` (or of ``after``) fails the returned Work; nothing is swallowed.
+    """
+    chained = Work(description=work.description, default_timeout=work.default_timeout)
+
+    def _done(inner: Work) -> None:
+        exc = inner.exception()
+        if exc is not None:
+            chained.set_exception(exc)
+            return
+        try:
+            value = after(inner.get_future().result())
+        except BaseException as failure:
+            chained.set_exception(failure)
+        else:
+            chained.set_result(value)
+
+    work.add_done_callback(_done)
+    return chained

@@ -1,0 +1,85 @@
+"""Per-connection state of the tcp engine: the send queue and the receive state machine.
+
+A :class:`Peer` is one connection; its send half (queue of :class:`SendOp`, guarded by
+``send_lock``) is shared by caller threads and the progress thread, its receive half (``rx_*``)
+belongs to the progress thread alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+from colls.errors import NetworkError
+from colls.work import Work
+from colls_plugins.tcp._frames import HEADER
+from colls_plugins.tcp._matching import Message, RecvOp
+from colls_plugins.tcp.connections import Connection
+
+#: Buffers gathered into one ``sendmsg`` when flushing queued sends (far below IOV_MAX).
+MAX_IOV = 64
+
+#: Receive states of a connection: reading a header, a body into a buffer, a body to discard.
+RX_HEADER, RX_BODY, RX_DRAIN = 0, 1, 2
+
+
+class SendOp:
+    """A queued send: the buffers still to write and the Work to complete."""
+
+    __slots__ = ("work", "buffers", "array", "started")
+
+    def __init__(self, work: Work, buffers: deque[memoryview], array: Any) -> None:
+        self.work = work
+        self.buffers = buffers
+        self.array = array  # keep the caller's memory alive until the kernel has the bytes
+        self.started = False  # some bytes already written: the stream is mid-frame
+
+
+class Peer:
+    """One connection and its send queue and receive state."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.rank = conn.rank
+        self.address = conn.address
+        self.sock = conn.sock
+        self.send_lock = threading.Lock()
+        self.send_queue: deque[SendOp] = deque()
+        self.want_write = False
+        self.dead: NetworkError | None = None
+        # receive state machine (progress thread only)
+        self.rx_mode = RX_HEADER
+        self.rx_header = bytearray(HEADER.size)
+        self.rx_view = memoryview(self.rx_header)
+        self.rx_pos = 0
+        self.rx_left = 0
+        self.rx_op: RecvOp | None = None
+        self.rx_msg: Message | None = None
+
+    def reset_rx(self) -> None:
+        """Forget the message being read; expect a header next."""
+        self.rx_mode = RX_HEADER
+        self.rx_view = memoryview(self.rx_header)
+        self.rx_pos = 0
+        self.rx_op = None
+        self.rx_msg = None
+
+
+def consume(buffers: deque[memoryview], nbytes: int) -> int:
+    """Drop ``nbytes`` written bytes from the front of ``buffers``; return what is left over."""
+    while buffers and nbytes >= len(buffers[0]):
+        nbytes -= len(buffers.popleft())
+    if buffers and nbytes:
+        buffers[0] = buffers[0][nbytes:]
+        nbytes = 0
+    return nbytes
+
+
+def gather(queue: deque[SendOp]) -> list[memoryview]:
+    """Return up to MAX_IOV buffers from the front of the send queue, in order."""
+    iov: list[memoryview] = []
+    for op in queue:
+        iov.extend(op.buffers)
+        if len(iov) >= MAX_IOV:
+            break
+    return iov[:MAX_IOV]

@@ -1,0 +1,353 @@
+"""Connection setup of the tcp backend: a full mesh of sockets opened through the group's store.
+
+Every rank opens a listening socket on a port the OS picks, on the address it advertises, and
+publishes ``tcp/addr/{rank} = b"host:port"`` in the (group-prefixed) store. Then rank ``j``
+connects to every rank ``i < j`` and sends a hello; rank ``i`` accepts ``world_size - 1 - i``
+connections, checks each hello (magic, version, group name, world size, a rank still expected)
+and answers with its own hello. Strangers and duplicates are closed and logged; setup goes on
+waiting for the right peers. Everything is bounded by ``options.timeout`` and a timeout names the
+ranks that never showed up.
+
+Connecting never waits on the peer's program (the kernel completes the handshake from the listen
+backlog), so "connect down, then accept up, then read the answers" cannot deadlock.
+
+The advertised address is ``COLLS_TCP_HOST`` when set; otherwise the address this host uses to
+reach the TCPStore's server (127.0.0.1 when that server is on loopback), and 127.0.0.1 for
+in-process and file stores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import selectors
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from colls import env
+from colls.errors import BackendError, CollsTimeoutError, NetworkError, StoreTimeoutError
+from colls_plugins.tcp._frames import (
+    Hello,
+    HelloError,
+    check_hello,
+    decode_hello,
+    join_address,
+    split_address,
+)
+
+if TYPE_CHECKING:
+    from colls.options import BackendOptions
+    from colls.store.base import Store
+
+logger = logging.getLogger("colls.tcp")
+
+#: Kernel socket buffer size requested for peer connections: large enough that one send or
+#: receive call moves megabytes (the kernel may cap it at net.core.{w,r}mem_max).
+SOCKET_BUFFER_BYTES = 4 << 20
+
+#: Pause between attempts when a peer's listener refuses a connection (it should not, since
+#: the address is published only after listen(); this covers stale addresses and busy hosts).
+CONNECT_RETRY_SECONDS = 0.05
+
+#: Store key under which rank ``r`` publishes its listening address.
+ADDRESS_KEY = "tcp/addr/{rank}"
+
+_LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class Connection:
+    """An established, validated connection to one peer.
+
+    Attributes:
+        rank: the peer's group rank.
+        sock: the connected socket (blocking; the engine makes it non-blocking).
+        address: the peer's advertised ``host:port`` (used in error messages).
+    """
+
+    rank: int
+    sock: socket.socket
+    address: str
+
+
+def advertised_host(store: Store) -> str:
+    """Return the address this rank binds and advertises to its peers.
+
+    ``COLLS_TCP_HOST`` wins; else the local address used to reach a TCPStore's server (127.0.0.1
+    for a loopback server); else 127.0.0.1 (HashStore, FileStore: all ranks on this host).
+    """
+    configured = env.get("COLLS_TCP_HOST")
+    if configured:
+        return str(configured)
+    base = store
+    while hasattr(base, "underlying_store"):
+        base = base.underlying_store
+    host = getattr(base, "host", None)
+    if not isinstance(host, str) or not host:
+        return _LOOPBACK
+    port = getattr(base, "port", None)
+    return _route_to(host, port if isinstance(port, int) and port > 0 else 9)
+
+
+def _route_to(host: str, port: int) -> str:
+    """Return the local address of the route to ``host`` (127.0.0.1 for loopback hosts)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        logger.warning("tcp: cannot resolve store host %r (%s); advertising 127.0.0.1", host, exc)
+        return _LOOPBACK
+    family, _, _, _, sockaddr = infos[0]
+    if ipaddress.ip_address(sockaddr[0].split("%")[0]).is_loopback:
+        return _LOOPBACK
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(sockaddr)  # UDP: no packet is sent, only a route is chosen
+            return str(probe.getsockname()[0])
+        except OSError as exc:
+            logger.warning("tcp: no route to store host %r (%s); advertising 127.0.0.1", host, exc)
+            return _LOOPBACK
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Turn Nagle off and ask for large kernel buffers (best effort)."""
+    for level, option, value in (
+        (socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES),
+        (socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES),
+        (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),
+    ):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(level, option, value)
+
+
+def open_listener(host: str, backlog: int) -> socket.socket:
+    """Return a socket listening on ``host`` at a port the OS picks.
+
+    Raises:
+        NetworkError: ``host`` cannot be resolved or bound.
+    """
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise NetworkError(f"tcp: cannot open a listening socket on {host!r}: {exc}") from exc
+    try:
+        tune_socket(listener)  # accepted sockets inherit the buffer sizes
+        listener.bind(sockaddr)
+        listener.listen(backlog)
+    except OSError as exc:
+        listener.close()
+        raise NetworkError(
+            f"tcp: cannot listen on {host!r} (set COLLS_TCP_HOST to an address of this host): "
+            f"{exc}"
+        ) from exc
+    return listener
+
+
+class _Setup:
+    """One rank's part of building the mesh (a helper object so each step stays small)."""
+
+    def __init__(self, store: Store, rank: int, world_size: int, options: BackendOptions):
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.group = options.group_name
+        self.timeout = options.timeout
+        self.deadline = time.monotonic() + options.timeout
+        self.address = ""
+        self.connections: dict[int, Connection] = {}
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def hello(self) -> bytes:
+        return Hello(self.rank, self.world_size, self.group, self.address).encode()
+
+    def timeout_error(self, what: str, ranks: list[int]) -> CollsTimeoutError:
+        return CollsTimeoutError(
+            f"tcp: rank {self.rank} of group {self.group!r} could not connect within "
+            f"{self.timeout:.1f} s: {what} ranks {ranks}"
+        )
+
+    # -- step 1: publish ------------------------------------------------------------------------
+    def publish(self, listener: socket.socket) -> None:
+        host, port = listener.getsockname()[:2]
+        self.address = join_address(host, port)
+        self.store.set(ADDRESS_KEY.format(rank=self.rank), self.address.encode())
+
+    # -- step 2: connect to lower ranks ---------------------------------------------------------
+    def lookup_lower(self) -> dict[int, str]:
+        keys = [ADDRESS_KEY.format(rank=i) for i in range(self.rank)]
+        try:
+            self.store.wait(keys, self.remaining())
+        except StoreTimeoutError:
+            missing = [i for i, key in enumerate(keys) if not self.store.check([key])]
+            raise self.timeout_error("no address published by", missing) from None
+        return {i: self.store.get(key).decode() for i, key in enumerate(keys)}
+
+    def connect(self, peer: int, address: str) -> socket.socket:
+        host, port = split_address(address)
+        while True:
+            try:
+                sock = socket.create_connection((host, port), timeout=max(self.remaining(), 0.001))
+            except (ConnectionRefusedError, socket.timeout) as exc:
+                if self.remaining() <= CONNECT_RETRY_SECONDS:
+                    raise self.timeout_error(f"connection refused ({exc}) by", [peer]) from None
+                time.sleep(CONNECT_RETRY_SECONDS)
+                continue
+            except OSError as exc:
+                raise NetworkError(
+                    f"tcp: rank {self.rank} cannot connect to rank {peer} at {address}: {exc}"
+                ) from exc
+            tune_socket(sock)
+            return sock
+
+    def connect_lower(self) -> None:
+        for peer, address in self.lookup_lower().items():
+            sock = self.connect(peer, address)
+            self.connections[peer] = Connection(peer, sock, address)
+            try:
+                sock.sendall(self.hello())
+            except OSError as exc:
+                raise NetworkError(
+                    f"tcp: rank {self.rank} cannot greet rank {peer} at {address}: {exc}"
+                ) from exc
+
+    # -- step 3: accept higher ranks ------------------------------------------------------------
+    def accept_higher(self, listener: socket.socket) -> None:
+        expected = set(range(self.rank + 1, self.world_size))
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ, None)
+        try:
+            while expected:
+                remaining = self.remaining()
+                if remaining <= 0:
+                    raise self.timeout_error("no valid connection from", sorted(expected))
+                for key, _ in selector.select(remaining):
+                    if key.data is None:
+                        sock, _ = listener.accept()
+                        tune_socket(sock)
+                        sock.setblocking(False)
+                        selector.register(sock, selectors.EVENT_READ, bytearray())
+                    else:
+                        sock = key.fileobj  # type: ignore[assignment]
+                        self.read_hello(selector, sock, key.data, expected)
+        finally:
+            for key in list(selector.get_map().values()):
+                if key.data is not None:
+                    key.fileobj.close()  # type: ignore[union-attr]
+            selector.close()
+
+    def read_hello(
+        self,
+        selector: selectors.BaseSelector,
+        sock: socket.socket,
+        buffer: bytearray,
+        expected: set[int],
+    ) -> None:
+        peer_name = _peer_name(sock)
+        try:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise HelloError("closed before sending a hello")
+            buffer += chunk
+            hello, _ = decode_hello(buffer)
+            if hello is None:
+                return
+            check_hello(hello, group=self.group, world_size=self.world_size, ranks=expected)
+        except BlockingIOError:
+            return
+        except (HelloError, OSError) as exc:
+            logger.warning("tcp: rank %d refused a connection from %s: %s",
+                           self.rank, peer_name, exc)
+            selector.unregister(sock)
+            sock.close()
+            return
+        selector.unregister(sock)
+        sock.setblocking(True)
+        sock.settimeout(max(self.remaining(), 0.001))
+        try:
+            sock.sendall(self.hello())
+        except OSError as exc:
+            logger.warning("tcp: rank %d could not answer rank %d at %s: %s",
+                           self.rank, hello.rank, peer_name, exc)
+            sock.close()
+            return
+        expected.discard(hello.rank)
+        self.connections[hello.rank] = Connection(hello.rank, sock, hello.address)
+
+    # -- step 4: read the answers of lower ranks ------------------------------------------------
+    def read_answers(self) -> None:
+        for peer in range(self.rank):
+            conn = self.connections[peer]
+            buffer = bytearray()
+            conn.sock.settimeout(max(self.remaining(), 0.001))
+            try:
+                hello = None
+                while hello is None:
+                    chunk = conn.sock.recv(4096)
+                    if not chunk:
+                        raise HelloError("closed the connection instead of answering")
+                    buffer += chunk
+                    hello, _ = decode_hello(buffer)
+                check_hello(hello, group=self.group, world_size=self.world_size, ranks={peer})
+            except socket.timeout:
+                raise self.timeout_error("no answer from", list(range(peer, self.rank))) from None
+            except (HelloError, OSError) as exc:
+                raise BackendError(
+                    f"tcp: rank {self.rank} of group {self.group!r}: the listener published "
+                    f"by rank {peer} at {conn.address} did not answer as that rank: {exc}"
+                ) from exc
+
+
+def _peer_name(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "an unknown address"
+    return join_address(host, port)
+
+
+def connect_mesh(
+    store: Store, rank: int, world_size: int, options: BackendOptions
+) -> dict[int, Connection]:
+    """Open one validated connection to every other rank of the group.
+
+    Args:
+        store: the group's (prefixed) store.
+        rank: this rank's group rank.
+        world_size: the group size; 1 opens no socket at all.
+        options: the group's options (``timeout``, ``group_name``).
+
+    Returns:
+        Connections keyed by peer rank (empty for a group of one). Sockets are blocking.
+
+    Raises:
+        CollsTimeoutError: some ranks did not publish, connect or answer within the timeout
+            (the message names them).
+        NetworkError: a socket could not be opened, bound or connected.
+        BackendError: a published address answered as someone else.
+    """
+    if world_size == 1:
+        return {}
+    setup = _Setup(store, rank, world_size, options)
+    listener = open_listener(advertised_host(store), backlog=max(world_size, 16))
+    try:
+        setup.publish(listener)
+        setup.connect_lower()
+        setup.accept_higher(listener)
+        setup.read_answers()
+    except BaseException:
+        for conn in setup.connections.values():
+            conn.sock.close()
+        raise
+    finally:
+        listener.close()
+    # Every higher rank has connected, so none will read our address again.
+    with contextlib.suppress(Exception):
+        store.delete_key(ADDRESS_KEY.format(rank=rank))
+    return setup.connections

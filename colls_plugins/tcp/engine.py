@@ -1,0 +1,461 @@
+"""The tcp progress engine: one thread per backend moves every byte, and sleeps while idle.
+
+Threads and what they touch:
+
+* Caller threads run :meth:`Engine.isend` and :meth:`Engine.irecv`. A send first tries to hand its
+  header and payload straight to the kernel (one non-blocking ``sendmsg``, under the connection's
+  send lock, only when nothing is queued before it); whatever does not fit is queued and the
+  progress thread is woken through a socketpair to watch the socket for writability. A receive
+  either takes an unexpected message that already arrived or is posted in the match table.
+* The progress thread blocks in ``selector.select()`` (no timeout, so no CPU while idle). For each
+  readable peer it runs a small state machine: read the 16-byte header, find the receive that
+  matches (src, tag) and ``recv_into`` the receive's own memory; with no receive posted it reads
+  into a new buffer queued as unexpected. For each writable peer it flushes the send queue with
+  gathered ``sendmsg`` calls. ``recv_into``/``sendmsg`` release the GIL, so a reduction running on
+  another thread overlaps with the transfer.
+
+Locks (never held while completing a Work, so completion callbacks may post more work):
+``_lock`` guards the match table and the closed state; each peer's ``send_lock`` guards its socket
+writes and send queue; ``_wake_lock`` guards the set of peers waiting for write interest.
+
+Failure: any OSError or EOF on a connection marks that peer dead and fails, with a
+:class:`~colls.errors.NetworkError` naming the rank and address, every pending send to it, every
+pending receive from it and (unless the peer left in an orderly way) every pending any-source
+receive; later operations with a dead peer fail at once. An exception escaping the progress loop
+fails all pending work. :meth:`Engine.close` fails whatever is still pending with
+``BackendError("tcp backend closed")``.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+from collections import deque
+from typing import Any
+
+from colls.errors import BackendError, NetworkError
+from colls.work import Work
+from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, byte_view
+from colls_plugins.tcp._matching import MatchTable, Message, RecvOp
+from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, Peer, SendOp, consume, gather
+from colls_plugins.tcp.connections import Connection
+
+logger = logging.getLogger("colls.tcp")
+
+#: At most this many ``recv_into`` calls per readiness event, so one busy peer cannot starve
+#: the others (the selector is level-triggered and reports it again).
+READ_BUDGET = 64
+
+#: Size of the scratch buffer that discards the body of a message whose receive failed.
+DRAIN_CHUNK_BYTES = 1 << 20
+
+#: Seconds close() waits for the progress thread to exit.
+JOIN_TIMEOUT_SECONDS = 10.0
+
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+_GOODBYE = HEADER.pack(GOODBYE_TAG, 0)
+
+class Engine:
+    """Point-to-point over a mesh of connections, progressed by one background thread.
+
+    Args:
+        rank: this rank's group rank.
+        connections: one established connection per peer (empty for a group of one).
+        timeout: default ``wait()`` timeout of the Works it returns.
+        name: a label for the thread and logs (the group name).
+    """
+
+    def __init__(
+        self, rank: int, connections: dict[int, Connection], timeout: float, name: str
+    ) -> None:
+        self.rank = rank
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._table = MatchTable()
+        self._closed = False
+        self._broken: BackendError | None = None
+        self._abrupt: NetworkError | None = None
+        self._peers = {r: Peer(c) for r, c in connections.items()}
+        self._scratch: memoryview | None = None
+        self._thread: threading.Thread | None = None
+        if not self._peers:
+            return  # a group of one: local delivery only, no sockets, no thread
+        self._wake_lock = threading.Lock()
+        self._wake_sent = False
+        self._want_write: set[Peer] = set()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        for peer in self._peers.values():
+            peer.sock.setblocking(False)
+            self._selector.register(peer.sock, selectors.EVENT_READ, peer)
+        self._thread = threading.Thread(
+            target=self._run, name=f"colls-tcp[{name}:{rank}]", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------ public API
+    def isend(self, array: Any, dst: int, tag: int) -> Work:
+        """Start sending ``array`` to ``dst``; the Work completes once the kernel has every byte."""
+        view = byte_view(array, name="array", writable=False)
+        work = Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
+        if dst == self.rank:
+            return self._send_local(work, view, tag)
+        peer = self._peers[dst]
+        op = SendOp(work, deque([memoryview(HEADER.pack(tag, view.nbytes)), view]), array)
+        refusal: BaseException | None = None
+        queued = wake = False
+        with peer.send_lock:
+            refusal = self._refusal() or peer.dead
+            if refusal is None and peer.send_queue:
+                peer.send_queue.append(op)
+                queued = True
+            elif refusal is None:
+                try:
+                    sent = peer.sock.sendmsg(list(op.buffers), (), _SEND_FLAGS)
+                except OSError:  # would block, or broken: the progress thread sorts it out
+                    sent = 0
+                consume(op.buffers, sent)
+                if op.buffers:
+                    op.started = sent > 0
+                    peer.send_queue.append(op)
+                    queued = wake = True
+        if refusal is not None:
+            work.set_exception(refusal)
+        elif not queued:
+            work.set_result(None)
+        if wake:
+            self._request_write(peer)
+        return work
+
+    def irecv(self, array: Any, src: int | None, tag: int) -> Work:
+        """Start receiving into ``array`` from ``src`` (None: any); the result is the sender."""
+        view = byte_view(array, name="array", writable=True)
+        origin = "any rank" if src is None else f"rank {src}"
+        work = Work(description=f"tcp recv from {origin} tag {tag}", default_timeout=self._timeout)
+        op = RecvOp(work, view, src, tag)
+        with self._lock:
+            refusal = self._refusal()
+            message = None if refusal else self._table.take_unexpected(src, tag)
+            if refusal is None and message is None:
+                refusal = self._recv_refusal(src)
+                if refusal is None:
+                    self._table.post(op)
+                    return work
+            if message is not None and not message.done:
+                if len(message.buffer) == view.nbytes:
+                    message.waiter = op  # completes when the rest of the body is in
+                    return work
+                refusal = self._size_error(op, message.src, len(message.buffer))
+        if refusal is not None:
+            work.set_exception(refusal)
+        elif message is not None:
+            self._complete_from(op, message)
+        return work
+
+    def close(self) -> None:
+        """Stop the thread, say goodbye to peers, close sockets, fail pending work. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread is not None:
+            self._wake()
+            self._thread.join(JOIN_TIMEOUT_SECONDS)
+            if self._thread.is_alive():
+                logger.warning("tcp: progress thread %s did not exit", self._thread.name)
+        closed = BackendError("tcp backend closed")
+        works = [op.work for op in self._release_all(goodbye=True)]
+        if self._thread is not None:
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
+        for work in works:
+            work.set_exception(closed)
+
+    # --------------------------------------------------------------------------- refusals
+    def _refusal(self) -> BackendError | None:
+        if self._closed:
+            return BackendError("tcp backend closed")
+        return self._broken
+
+    def _recv_refusal(self, src: int | None) -> BackendError | None:
+        """Return why a receive from ``src`` can never complete (lock held), or None."""
+        if src is not None:
+            return self._peers[src].dead if src != self.rank else None
+        if self._abrupt is not None:
+            return self._abrupt
+        if self._peers and all(p.dead for p in self._peers.values()):
+            return BackendError(f"tcp: rank {self.rank}: every peer has closed its backend")
+        return None
+
+    @staticmethod
+    def _size_error(op: RecvOp, src: int, nbytes: int) -> BackendError:
+        return BackendError(
+            f"{op.work.description}: the message from rank {src} with tag {op.tag} has "
+            f"{nbytes} bytes but the receive buffer has {op.view.nbytes} bytes"
+        )
+
+    # --------------------------------------------------------------------------- completion
+    def _complete_from(self, op: RecvOp, message: Message) -> None:
+        """Complete ``op`` by copying a fully received unexpected ``message``."""
+        if len(message.buffer) != op.view.nbytes:
+            op.work.set_exception(self._size_error(op, message.src, len(message.buffer)))
+            return
+        op.view[:] = message.buffer
+        op.work.set_result(message.src)
+
+    def _send_local(self, work: Work, view: memoryview, tag: int) -> Work:
+        """Deliver a send to this rank itself: match it now or keep a copy as unexpected."""
+        with self._lock:
+            refusal = self._refusal()
+            op = None if refusal else self._table.match_arrival(self.rank, tag)
+            if refusal is None and op is None:
+                message = self._table.add_unexpected(self.rank, tag, view.nbytes)
+                message.buffer[:] = view
+                message.done = True
+        if refusal is not None:
+            work.set_exception(refusal)
+            return work
+        if op is not None and op.view.nbytes != view.nbytes:
+            op.work.set_exception(self._size_error(op, self.rank, view.nbytes))
+        elif op is not None:
+            op.view[:] = view
+            op.work.set_result(self.rank)
+        work.set_result(None)
+        return work
+
+    # --------------------------------------------------------------------------- wake-ups
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (a wake-up is already pending) or closed
+            pass
+
+    def _request_write(self, peer: Peer) -> None:
+        """Ask the progress thread to flush ``peer``'s send queue."""
+        with self._wake_lock:
+            self._want_write.add(peer)
+            send = not self._wake_sent
+            self._wake_sent = True
+        if send:
+            self._wake()
+
+    def _on_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._wake_lock:
+            peers = list(self._want_write)
+            self._want_write.clear()
+            self._wake_sent = False
+        for peer in peers:
+            self._flush(peer)
+
+    # --------------------------------------------------------------------------- progress thread
+    def _run(self) -> None:
+        try:
+            while not self._closed:
+                for key, mask in self._selector.select():
+                    peer = key.data
+                    if peer is None:
+                        self._on_wake()
+                        continue
+                    if mask & selectors.EVENT_WRITE and peer.dead is None:
+                        self._flush(peer)
+                    if mask & selectors.EVENT_READ and peer.dead is None:
+                        self._on_readable(peer)
+        except BaseException as exc:  # never die silently: fail everything pending
+            self._crash(exc)
+
+    def _crash(self, exc: BaseException) -> None:
+        logger.exception("tcp: progress thread of rank %d failed", self.rank)
+        error = BackendError(f"tcp: progress thread of rank {self.rank} failed: {exc!r}")
+        error.__cause__ = exc
+        with self._lock:
+            self._broken = error
+        for op in self._release_all(goodbye=False):
+            op.work.set_exception(error)
+
+    def _set_write_interest(self, peer: Peer, on: bool) -> None:
+        if peer.want_write != on:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
+            self._selector.modify(peer.sock, events, peer)
+            peer.want_write = on
+
+    def _flush(self, peer: Peer) -> None:
+        """Write as much of ``peer``'s send queue as the kernel takes (progress thread)."""
+        finished: list[SendOp] = []
+        error: OSError | None = None
+        with peer.send_lock:
+            if peer.dead is not None:
+                return
+            try:
+                while peer.send_queue:
+                    iov = gather(peer.send_queue)
+                    offered = sum(map(len, iov))
+                    sent = peer.sock.sendmsg(iov, (), _SEND_FLAGS)
+                    partial = sent < offered
+                    while peer.send_queue:
+                        head = peer.send_queue[0]
+                        head.started = head.started or sent > 0
+                        sent = consume(head.buffers, sent)
+                        if head.buffers:
+                            break
+                        finished.append(peer.send_queue.popleft())
+                    if partial:
+                        break  # the kernel buffer is full: wait for writability
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                error = exc
+            if error is None:
+                self._set_write_interest(peer, bool(peer.send_queue))
+        for op in finished:
+            op.work.set_result(None)
+        if error is not None:
+            self._fail_peer(peer, f"send failed: {error}")
+
+    def _on_readable(self, peer: Peer) -> None:
+        """Read what ``peer``'s socket holds, a bounded number of calls (progress thread)."""
+        for _ in range(READ_BUDGET):
+            try:
+                if peer.rx_mode == RX_DRAIN:
+                    scratch = self._scratch_view()
+                    n = peer.sock.recv_into(scratch[: min(peer.rx_left, len(scratch))])
+                else:
+                    n = peer.sock.recv_into(peer.rx_view[peer.rx_pos :])
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._fail_peer(peer, str(exc) or type(exc).__name__)
+                return
+            if n == 0:
+                self._fail_peer(peer, "peer closed the connection")
+                return
+            self._advance_rx(peer, n)
+            if peer.dead is not None:
+                return
+
+    def _scratch_view(self) -> memoryview:
+        if self._scratch is None:
+            self._scratch = memoryview(bytearray(DRAIN_CHUNK_BYTES))
+        return self._scratch
+
+    def _advance_rx(self, peer: Peer, n: int) -> None:
+        if peer.rx_mode == RX_DRAIN:
+            peer.rx_left -= n
+            if peer.rx_left == 0:
+                peer.reset_rx()
+            return
+        peer.rx_pos += n
+        if peer.rx_pos < len(peer.rx_view):
+            return
+        if peer.rx_mode == RX_BODY:
+            self._finish_body(peer)
+            return
+        tag, nbytes = HEADER.unpack(peer.rx_header)
+        if tag == GOODBYE_TAG:
+            self._fail_peer(peer, "peer closed its backend", orderly=True)
+        else:
+            self._start_body(peer, tag, nbytes)
+
+    def _start_body(self, peer: Peer, tag: int, nbytes: int) -> None:
+        """Route the body of a message whose header just arrived."""
+        mismatched = None
+        with self._lock:
+            op = self._table.match_arrival(peer.rank, tag)
+            if op is None:
+                peer.rx_msg = self._table.add_unexpected(peer.rank, tag, nbytes)
+                target = memoryview(peer.rx_msg.buffer)
+            elif op.view.nbytes != nbytes:
+                mismatched = op
+            else:
+                peer.rx_op = op
+                target = op.view
+        if mismatched is not None:
+            mismatched.work.set_exception(self._size_error(mismatched, peer.rank, nbytes))
+            peer.reset_rx()
+            if nbytes:
+                peer.rx_mode, peer.rx_left = RX_DRAIN, nbytes  # keep the stream in step
+        elif nbytes == 0:
+            self._finish_body(peer)  # recv_into on an empty view would look like EOF
+        else:
+            peer.rx_mode, peer.rx_view, peer.rx_pos = RX_BODY, target, 0
+
+    def _finish_body(self, peer: Peer) -> None:
+        op, message = peer.rx_op, peer.rx_msg
+        peer.reset_rx()
+        if op is not None:
+            op.work.set_result(peer.rank)
+            return
+        assert message is not None  # one of the two is always set in body mode
+        with self._lock:
+            message.done = True
+            waiter = message.waiter
+        if waiter is not None:
+            self._complete_from(waiter, message)
+
+    # --------------------------------------------------------------------------- failure
+    def _fail_peer(self, peer: Peer, cause: str, *, orderly: bool = False) -> None:
+        """Mark ``peer`` dead and fail the work that depended on it (progress thread)."""
+        if peer.dead is not None:
+            return
+        error = NetworkError(
+            f"tcp: connection to rank {peer.rank} ({peer.address}) lost: {cause}"
+        )
+        peer.dead = error
+        with peer.send_lock:
+            sends = list(peer.send_queue)
+            peer.send_queue.clear()
+            self._selector.unregister(peer.sock)
+            peer.sock.close()
+        with self._lock:
+            if not orderly and self._abrupt is None:
+                self._abrupt = error
+            recvs = self._table.remove_from(peer.rank) + self._rx_pending(peer)
+            if not orderly or all(p.dead for p in self._peers.values()):
+                recvs += self._table.remove_any_source()
+        peer.reset_rx()
+        log = logger.info if orderly else logger.warning
+        log("tcp: rank %d: %s", self.rank, error)
+        for op in [*sends, *recvs]:
+            op.work.set_exception(error)
+
+    def _rx_pending(self, peer: Peer) -> list[RecvOp]:
+        """Return the receive ``peer``'s half-read message was for (lock held)."""
+        if peer.rx_op is not None:
+            return [peer.rx_op]
+        if peer.rx_msg is not None:
+            if peer.rx_msg.waiter is not None:
+                return [peer.rx_msg.waiter]
+            self._table.discard(peer.rx_msg)
+        return []
+
+    def _release_all(self, *, goodbye: bool) -> list[Any]:
+        """Close every connection and return every pending send and receive (after the loop)."""
+        pending: list[Any] = []
+        for peer in self._peers.values():
+            with peer.send_lock:
+                pending.extend(peer.send_queue)
+                mid_frame = bool(peer.send_queue) and peer.send_queue[0].started
+                peer.send_queue.clear()
+                if peer.dead is None:
+                    if goodbye and not mid_frame:
+                        try:
+                            peer.sock.send(_GOODBYE, _SEND_FLAGS)
+                        except OSError:
+                            pass
+                    peer.dead = NetworkError(f"tcp: connection to rank {peer.rank} closed")
+                    peer.sock.close()
+        with self._lock:
+            for peer in self._peers.values():
+                pending.extend(self._rx_pending(peer))
+            pending.extend(self._table.remove_all())
+        return pending
