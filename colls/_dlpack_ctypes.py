@@ -186,7 +186,7 @@ class ImportedTensor:
         low = high = self.data
         if any(n == 0 for n in self.shape):
             return low, low
-        for extent, stride in zip(self.shape, self.strides):
+        for extent, stride in zip(self.shape, self.strides, strict=True):
             reach = (extent - 1) * stride
             if reach < 0:
                 low += reach

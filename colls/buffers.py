@@ -240,9 +240,7 @@ def _device_type(obj: Any) -> int:
     return int(device()[0]) if device is not None else dlc.KDL_CPU
 
 
-def as_buffer(
-    obj: Any, *, writable: bool, arg: str, op: str, rank: int | None = None
-) -> Buffer:
+def as_buffer(obj: Any, *, writable: bool, arg: str, op: str, rank: int | None = None) -> Buffer:
     """Import a caller's array as a :class:`Buffer`, zero copy whenever possible.
 
     Args:
@@ -318,7 +316,7 @@ def empty_array(shape: tuple[int, ...] | int, dtype: DType, device: str = "cpu")
 
 
 def empty_like_buffer(buf: Buffer, shape: tuple[int, ...] | None = None) -> Any:
-    """Return a new flat array with ``buf``'s dtype and device (``prod(shape)`` elements if given)."""
+    """Return a new flat array of ``buf``'s dtype and device (``prod(shape)`` elements if given)."""
     count = buf.numel if shape is None else int(np.prod(shape, dtype=np.int64))
     return empty_array(count, buf.dtype, buf.device)
 

@@ -1,10 +1,11 @@
 """The table of dtypes colls can move and reduce, and lookups into it.
 
-Every array that enters colls is described by one :class:`DType` from a frozen table of 15 entries.
-The table ties together the three names a dtype has on its way through colls: the framework's name
-(``torch.bfloat16``, ``jnp.float32``), the DLPack type code carried in a capsule, and the NumPy dtype
-the core uses to hold the bytes. NumPy has no bfloat16, so bfloat16 is held as raw ``np.uint16``
-words; :func:`bf16_to_float32` and :func:`float32_to_bf16` convert those words for arithmetic.
+Every array that enters colls is described by one :class:`DType` from a frozen table of 15
+entries. The table ties together the three names a dtype has on its way through colls: the
+framework's name (``torch.bfloat16``, ``jnp.float32``), the DLPack type code carried in a capsule,
+and the NumPy dtype the core uses to hold the bytes. NumPy has no bfloat16, so bfloat16 is held as
+raw ``np.uint16`` words; :func:`bf16_to_float32` and :func:`float32_to_bf16` convert those words
+for arithmetic.
 
 Lookups never import torch, jax or ml_dtypes: a framework dtype is recognised by its string form.
 """
@@ -95,7 +96,9 @@ class DType:
 
 def _make(name: str, kind: str, holder: Any, code: int) -> DType:
     np_dtype = np.dtype(holder)
-    return DType(name, np_dtype.itemsize, kind, np_dtype, (code, np_dtype.itemsize * _BITS_PER_BYTE))
+    return DType(
+        name, np_dtype.itemsize, kind, np_dtype, (code, np_dtype.itemsize * _BITS_PER_BYTE)
+    )
 
 
 BOOL: Final = _make("bool", "bool", np.bool_, KDL_BOOL)

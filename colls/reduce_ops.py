@@ -247,7 +247,9 @@ def _on_rank(rank: int | None) -> str:
     return "" if rank is None else f" on rank {rank}"
 
 
-def _check_dtype(kind: RedOpType, dtype: DType, factor: Any, op_name: str, rank: int | None) -> None:
+def _check_dtype(
+    kind: RedOpType, dtype: DType, factor: Any, op_name: str, rank: int | None
+) -> None:
     where = f"{op_name}{_on_rank(rank)}"
     if kind in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
         if dtype.kind not in ("bool", "int", "uint"):

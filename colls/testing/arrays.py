@@ -89,13 +89,15 @@ def _reclaim_unconsumed() -> None:
             _LIVE.pop(address, None)
 
 
-def _fill_tensor(tensor: dlc.DLTensor, array: np.ndarray, code: int, keep: list[Any]) -> None:
+def _fill_tensor(
+    tensor: dlc.DLTensor, array: np.ndarray, code: int, device_type: int, keep: list[Any]
+) -> None:
     ndim = array.ndim
     shape = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
     strides = (ctypes.c_int64 * max(ndim, 1))(*(s // array.itemsize for s in array.strides))
     keep += [shape, strides]
     tensor.data = array.ctypes.data if array.size else None
-    tensor.device = dlc.DLDevice(dlc.KDL_CPU, 0)
+    tensor.device = dlc.DLDevice(device_type, 0)
     tensor.ndim = ndim
     tensor.dtype = dlc.DLDataType(code, array.itemsize * 8, 1)
     tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
@@ -120,12 +122,22 @@ class CtypesDLPackArray:
     when a consumer that refuses the dtype (NumPy and bfloat16) drops the capsule.
     """
 
-    def __init__(self, array: np.ndarray, *, dtype_code: int | None = None, readonly: bool = False):
+    def __init__(
+        self,
+        array: np.ndarray,
+        *,
+        dtype_code: int | None = None,
+        readonly: bool = False,
+        device_type: int = dlc.KDL_CPU,
+    ) -> None:
         if any(s % array.itemsize for s in array.strides):
             raise ValueError(f"strides {array.strides} are not multiples of {array.itemsize}")
         self.array = array
         self.readonly = readonly
-        self.dtype_code = dtypes.from_numpy(array.dtype).dlpack[0] if dtype_code is None else dtype_code
+        self.device_type = device_type
+        self.dtype_code = (
+            dtypes.from_numpy(array.dtype).dlpack[0] if dtype_code is None else dtype_code
+        )
 
     @property
     def dtype(self) -> DType:
@@ -167,7 +179,7 @@ class CtypesDLPackArray:
         else:
             managed = dlc.DLManagedTensor()
             name = dlc.CAPSULE_NAME
-        _fill_tensor(managed.dl_tensor, array, self.dtype_code, keep)
+        _fill_tensor(managed.dl_tensor, array, self.dtype_code, self.device_type, keep)
         managed.deleter = _deleter
         address = ctypes.addressof(managed)
         _reclaim_unconsumed()
@@ -197,7 +209,7 @@ class ArrayLibrary(NamedTuple):
             return True
         import jax
 
-        return bool(jax.config.jax_enable_x64)
+        return bool(jax.config.read("jax_enable_x64"))
 
 
 def _numpy_library() -> ArrayLibrary:

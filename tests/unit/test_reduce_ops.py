@@ -9,9 +9,9 @@ from colls import dtypes
 from colls.dtypes import DTYPES, DType
 from colls.reduce_ops import (
     PremulSum,
+    RedOpType,
     ReduceOp,
     ReduceSpec,
-    RedOpType,
     make_premul_sum,
     resolve_op,
 )
@@ -83,15 +83,15 @@ def expected_reduction(kind: RedOpType, dtype: DType, arrays: list[np.ndarray]) 
         elif kind is RedOpType.PRODUCT:
             result = result * other
         elif kind is RedOpType.MIN:
-            result = np.array([min(a, b) for a, b in zip(result, other)], dtype=result.dtype)
+            result = np.array([min(pair) for pair in zip(result, other, strict=True)])
         elif kind is RedOpType.MAX:
-            result = np.array([max(a, b) for a, b in zip(result, other)], dtype=result.dtype)
+            result = np.array([max(pair) for pair in zip(result, other, strict=True)])
         elif kind is RedOpType.BAND:
-            result = np.array([a & b for a, b in zip(result, other)], dtype=object)
+            result = np.array([a & b for a, b in zip(result, other, strict=True)], dtype=object)
         elif kind is RedOpType.BOR:
-            result = np.array([a | b for a, b in zip(result, other)], dtype=object)
+            result = np.array([a | b for a, b in zip(result, other, strict=True)], dtype=object)
         else:
-            result = np.array([a ^ b for a, b in zip(result, other)], dtype=object)
+            result = np.array([a ^ b for a, b in zip(result, other, strict=True)], dtype=object)
     if kind is RedOpType.AVG and dtype.is_complex:  # part by part: exactly rounded
         result = result.real / len(arrays) + 1j * (result.imag / len(arrays))
     elif kind is RedOpType.AVG:
@@ -261,7 +261,9 @@ def test_integer_overflow_wraps() -> None:
 def test_min_max_propagate_nan(dtype: DType, kind: RedOpType) -> None:
     def words(values: list[float]) -> np.ndarray:
         array = np.array(values, np.float32)
-        return dtypes.float32_to_bf16(array) if dtype is dtypes.BFLOAT16 else array.astype(dtype.numpy)
+        return (
+            dtypes.float32_to_bf16(array) if dtype is dtypes.BFLOAT16 else array.astype(dtype.numpy)
+        )
 
     def floats(array: np.ndarray) -> np.ndarray:
         return dtypes.bf16_to_float32(array) if dtype is dtypes.BFLOAT16 else array
