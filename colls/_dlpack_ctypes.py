@@ -110,10 +110,8 @@ class DLManagedTensorVersioned(ctypes.Structure):
 
 
 def _pyapi(name: str, restype: Any, *argtypes: Any) -> Any:
-    func = getattr(ctypes.pythonapi, name)
-    func.restype = restype
-    func.argtypes = list(argtypes)
-    return func
+    """Bind a C API function with a private prototype (pythonapi's attributes are shared)."""
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
 
 
 _capsule_is_valid = _pyapi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)

@@ -138,6 +138,10 @@ class BackendSpec:
         available: returns None when usable here, else the reason it is not
             ("nccl: cupy is not installed"). Called lazily, only when needed.
         plugin: the plugin that provided it (set by the plugin manager).
+        world: for transports that bring their own rendezvous (MPI under mpiexec): returns
+            ``(rank, world_size)`` without a store. ``init_process_group(backend)`` with no
+            init_method, no store and no MASTER_ADDR in the environment then uses it and gives
+            the backend a process-local store.
     """
 
     name: str
@@ -145,3 +149,4 @@ class BackendSpec:
     create: Factory
     available: Callable[[], str | None] = lambda: None
     plugin: str = ""
+    world: Callable[[], tuple[int, int]] | None = None

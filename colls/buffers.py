@@ -64,7 +64,9 @@ class Buffer:
         dtype: The colls dtype.
         shape: The caller's shape (``()`` for a 0-d array, whose ``array`` has one element).
         device: "cpu" or "cuda".
-        staged: True when ``array`` is a copy that :meth:`write_back` must copy back.
+        staged: True when ``array`` is a copy that :meth:`write_back` must copy back (a
+            non-contiguous writable argument; a non-contiguous read-only one is copied, not
+            staged).
     """
 
     obj: Any
@@ -135,7 +137,8 @@ def _wrap(
     if view.flags.c_contiguous:
         return Buffer(obj, view.reshape(-1), dtype, shape, device)
     staging = _module_of(view).ascontiguousarray(view).reshape(-1)
-    return Buffer(obj, staging, dtype, shape, device, True, view)
+    # Only an argument the collective writes needs writing back; a read-only one is just copied.
+    return Buffer(obj, staging, dtype, shape, device, writable, view if writable else None)
 
 
 def _from_ndarray(
@@ -315,6 +318,23 @@ def empty_array(shape: tuple[int, ...] | int, dtype: DType, device: str = "cpu")
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
 
+def scratch(
+    buf: Buffer, *, numel: int | None = None, shape: tuple[int, ...] | None = None
+) -> Buffer:
+    """Return a new writable Buffer of ``buf``'s dtype: a copy of it, or ``numel`` empty elements.
+
+    colls' own layers (functional, multigpu) run the in-place collectives on such buffers; they
+    keep the colls dtype, which a bare NumPy array of bfloat16 words could not.
+    """
+    if numel is None:
+        array = buf.array.copy()
+        shape = buf.shape if shape is None else shape
+    else:
+        array = empty_array(numel, buf.dtype, buf.device)
+    return Buffer(obj=array, array=array, dtype=buf.dtype,
+                  shape=shape if shape is not None else (int(array.size),), device=buf.device)
+
+
 def empty_like_buffer(buf: Buffer, shape: tuple[int, ...] | None = None) -> Any:
     """Return a new flat array of ``buf``'s dtype and device (``prod(shape)`` elements if given)."""
     count = buf.numel if shape is None else int(np.prod(shape, dtype=np.int64))
@@ -373,11 +393,15 @@ def new_array_like(
 
 def _to_torch(words: Any, dtype: DType) -> Any:
     import torch
+    import torch.utils.dlpack
 
     bf16 = dtype is dtypes.BFLOAT16
     if bf16:
         words = words.view(np.int16)  # int16 exists in every torch; the view is a bitcast
-    tensor = torch.from_numpy(words) if isinstance(words, np.ndarray) else torch.from_dlpack(words)
+    if isinstance(words, np.ndarray):
+        tensor = torch.from_numpy(words)
+    else:  # CuPy: torch reads CUDA memory through DLPack
+        tensor = torch.utils.dlpack.from_dlpack(words)
     return tensor.view(torch.bfloat16) if bf16 else tensor
 
 

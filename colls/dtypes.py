@@ -18,6 +18,7 @@ from typing import Any, Final, final
 import numpy as np
 
 __all__ = [
+    "BF16_CANONICAL_NAN",
     "BFLOAT16",
     "BOOL",
     "COMPLEX64",
@@ -30,6 +31,12 @@ __all__ = [
     "INT16",
     "INT32",
     "INT64",
+    "KDL_BFLOAT",
+    "KDL_BOOL",
+    "KDL_COMPLEX",
+    "KDL_FLOAT",
+    "KDL_INT",
+    "KDL_UINT",
     "UINT8",
     "UINT16",
     "UINT32",
@@ -222,7 +229,7 @@ def from_any(obj: Any) -> DType:
         dtype = getattr(obj, "dtype", None)
     if dtype is None:
         try:
-            dtype = np.dtype(memoryview(obj).format)  # type: ignore[arg-type]
+            dtype = np.dtype(memoryview(obj).format)
         except TypeError:
             raise TypeError(
                 f"cannot tell the dtype of {type(obj).__name__}: it has no 'dtype' "

@@ -9,25 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from colls import _dispatch as d
 from colls import buffers
 from colls import collectives as c
 from colls.buffers import Buffer
 from colls.reduce_ops import ReduceOp
-
-
-def _scratch(buf: Buffer, numel: int | None = None, shape: tuple[int, ...] | None = None
-             ) -> Buffer:
-    """A writable contiguous buffer of ``buf``'s dtype: a copy of it, or ``numel`` elements."""
-    if numel is None:
-        array = buf.array.copy()
-        shape = buf.shape
-    else:
-        array = np.empty(numel, dtype=buf.array.dtype)
-    return Buffer(obj=array, array=array, dtype=buf.dtype, shape=shape or (array.size,),
-                  device="cpu")
 
 
 def _result(template: Any, scratch: Buffer) -> Any:
@@ -44,7 +30,7 @@ def _input(array: Any, op: str) -> Buffer:
 def all_reduce(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
     """Return the reduction of ``array`` over the group (every rank gets it)."""
     buf = _input(array, "all_reduce")
-    out = _scratch(buf)
+    out = buffers.scratch(buf)
     c.all_reduce(out, op=op, group=group)
     return _result(array, out)
 
@@ -53,7 +39,7 @@ def broadcast(array: Any, src: int | None = None, group: Any = None,
               group_src: int | None = None) -> Any:
     """Return rank ``src``'s ``array`` on every rank."""
     buf = _input(array, "broadcast")
-    out = _scratch(buf)
+    out = buffers.scratch(buf)
     c.broadcast(out, src=src, group=group, group_src=group_src)
     return _result(array, out)
 
@@ -62,7 +48,7 @@ def all_gather(array: Any, group: Any = None) -> Any:
     """Return every rank's ``array`` stacked along a new leading axis (shape ``(size, *shape)``)."""
     buf = _input(array, "all_gather")
     size = d.resolve_group(group).size
-    out = _scratch(buf, numel=buf.numel * size, shape=(size, *buf.shape))
+    out = buffers.scratch(buf, numel=buf.numel * size, shape=(size, *buf.shape))
     c.all_gather_into_tensor(out, buf, group=group)
     return _result(array, out)
 
@@ -78,7 +64,7 @@ def reduce_scatter(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any
             f"divisible by the group size {size}"
         )
     shape = (rows // size, *buf.shape[1:])
-    out = _scratch(buf, numel=buf.numel // size, shape=shape)
+    out = buffers.scratch(buf, numel=buf.numel // size, shape=shape)
     c.reduce_scatter_tensor(out, buf, op=op, group=group)
     return _result(array, out)
 
@@ -86,6 +72,6 @@ def reduce_scatter(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any
 def all_to_all(array: Any, group: Any = None) -> Any:
     """Split dim 0 of ``array`` into group-size pieces, send piece j to rank j, return what came."""
     buf = _input(array, "all_to_all")
-    out = _scratch(buf, numel=buf.numel, shape=buf.shape)
+    out = buffers.scratch(buf, numel=buf.numel, shape=buf.shape)
     c.all_to_all_single(out, buf, group=group)
     return _result(array, out)

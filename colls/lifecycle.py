@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,7 +69,7 @@ def init_process_group(
         RendezvousError, StoreError: the rendezvous failed.
     """
     from colls.rendezvous import rendezvous
-    from colls.store import PrefixStore
+    from colls.store import HashStore, PrefixStore
 
     with REGISTRY.lock:
         if REGISTRY.default is not None:
@@ -86,6 +87,9 @@ def init_process_group(
                 )
             if rank >= world_size:
                 raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+        elif init_method is None and spec.world is not None and "MASTER_ADDR" not in os.environ:
+            rank, world_size = spec.world()
+            store = HashStore()
         else:
             store, rank, world_size = rendezvous(init_method, rank, world_size, limit)
         group_store = PrefixStore(WORLD_GROUP_NAME, store)

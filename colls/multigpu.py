@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from colls import _dispatch as d
+from colls import buffers
+from colls.buffers import Buffer
 from colls import collectives as c
 from colls.reduce_ops import ReduceOp
 from colls.work import Work, chain
@@ -27,7 +29,14 @@ def _finish(work: Work | None, after: Any, async_op: bool) -> Work | None:
     return None
 
 
-def _local_list(tensor_list: Any, op: str, writable: bool) -> list[Any]:
+def _joined(bufs: list[Buffer]) -> Buffer:
+    """Concatenate buffers into one scratch Buffer of their dtype."""
+    joined = buffers.scratch(bufs[0], numel=sum(b.numel for b in bufs))
+    np.concatenate([b.array for b in bufs], out=joined.array)
+    return joined
+
+
+def _local_list(tensor_list: Any, op: str, writable: bool) -> list[Buffer]:
     bufs = d.buffer_list(tensor_list, arg="tensor_list", op=op, writable=writable, length=None)
     if not bufs:
         raise ValueError(f"{op} on rank {d.my_rank()}: tensor_list must not be empty")
@@ -46,14 +55,14 @@ def all_reduce_multigpu(tensor_list: list[Any], op: Any = ReduceOp.SUM, group: A
     spec = d.reduce_spec(op, bufs[0], op_name=name)
     if spec.kind.name in ("AVG", "PREMUL_SUM"):
         raise ValueError(f"{name}: {spec.kind.name} is not supported by the multigpu form")
-    staged = bufs[0].array.copy()
+    staged = buffers.scratch(bufs[0])
     for b in bufs[1:]:
-        spec.combine(staged, b.array)
+        spec.combine(staged.array, b.array)
     work = c.all_reduce(staged, op=op, group=group, async_op=async_op)
 
     def fan_out() -> None:
         for b in bufs:
-            np.copyto(b.array, staged)
+            np.copyto(b.array, staged.array)
             b.write_back()
 
     return _finish(work, fan_out, async_op)
@@ -64,12 +73,12 @@ def broadcast_multigpu(tensor_list: list[Any], src: int, group: Any = None,
     """Copy ``tensor_list[src_tensor]`` of rank ``src`` into every array of every list."""
     name = "broadcast_multigpu"
     bufs = _local_list(tensor_list, name, writable=True)
-    staged = bufs[src_tensor].array.copy()
+    staged = buffers.scratch(bufs[src_tensor])
     work = c.broadcast(staged, src=src, group=group, async_op=async_op)
 
     def fan_out() -> None:
         for b in bufs:
-            np.copyto(b.array, staged)
+            np.copyto(b.array, staged.array)
             b.write_back()
 
     return _finish(work, fan_out, async_op)
@@ -81,14 +90,14 @@ def reduce_multigpu(tensor_list: list[Any], dst: int, op: Any = ReduceOp.SUM, gr
     name = "reduce_multigpu"
     bufs = _local_list(tensor_list, name, writable=True)
     spec = d.reduce_spec(op, bufs[0], op_name=name)
-    staged = bufs[0].array.copy()
+    staged = buffers.scratch(bufs[0])
     for b in bufs[1:]:
-        spec.combine(staged, b.array)
+        spec.combine(staged.array, b.array)
     work = c.reduce(staged, dst=dst, op=op, group=group, async_op=async_op)
 
     def store() -> None:
         if d.my_rank() == dst:
-            np.copyto(bufs[dst_tensor].array, staged)
+            np.copyto(bufs[dst_tensor].array, staged.array)
             bufs[dst_tensor].write_back()
 
     return _finish(work, store, async_op)
@@ -105,14 +114,14 @@ def all_gather_multigpu(output_tensor_lists: list[list[Any]], input_tensor_list:
     k, n = len(ins), ins[0].numel
     outs = [d.buffer_list(lst, arg=f"output_tensor_lists[{i}]", op=name, writable=True,
                           length=pg.size * k) for i, lst in enumerate(output_tensor_lists)]
-    local = np.concatenate([b.array for b in ins])
-    gathered = np.empty(local.size * pg.size, dtype=local.dtype)
+    local = _joined(ins)
+    gathered = buffers.scratch(ins[0], numel=local.numel * pg.size)
     work = c.all_gather_into_tensor(gathered, local, group=group, async_op=async_op)
 
     def fan_out() -> None:
         for out_list in outs:
             for j, b in enumerate(out_list):
-                np.copyto(b.array, gathered[j * n : (j + 1) * n])
+                np.copyto(b.array, gathered.array[j * n : (j + 1) * n])
                 b.write_back()
 
     return _finish(work, fan_out, async_op)
@@ -131,15 +140,15 @@ def reduce_scatter_multigpu(output_tensor_list: list[Any], input_tensor_lists: l
     spec = d.reduce_spec(op, outs[0], op_name=name)
     lists = [d.buffer_list(lst, arg=f"input_tensor_lists[{i}]", op=name, writable=False,
                            length=pg.size * k) for i, lst in enumerate(input_tensor_lists)]
-    staged = np.concatenate([b.array for b in lists[0]])
+    staged = _joined(lists[0])
     for other in lists[1:]:
-        spec.combine(staged, np.concatenate([b.array for b in other]))
-    result = np.empty(n * k, dtype=staged.dtype)
+        spec.combine(staged.array, _joined(other).array)
+    result = buffers.scratch(outs[0], numel=n * k)
     work = c.reduce_scatter_tensor(result, staged, op=op, group=group, async_op=async_op)
 
     def fan_out() -> None:
         for i, b in enumerate(outs):
-            np.copyto(b.array, result[i * n : (i + 1) * n])
+            np.copyto(b.array, result.array[i * n : (i + 1) * n])
             b.write_back()
 
     return _finish(work, fan_out, async_op)

@@ -7,6 +7,7 @@ declared in its pyproject exactly like a third party's, so there is no built-in 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
 import threading
@@ -105,7 +106,7 @@ def _all_specs() -> dict[str, list[BackendSpec]]:
                     f"plugin {plugin_name!r}: colls_backends() must return BackendSpec objects, "
                     f"got {type(spec).__name__}"
                 )
-            spec = BackendSpec(spec.name, spec.devices, spec.create, spec.available, plugin_name)
+            spec = dataclasses.replace(spec, plugin=plugin_name)
             found.setdefault(spec.name, []).append(spec)
     return found
 

@@ -143,6 +143,11 @@ class ReduceSpec:
     factor: float | complex | None = None
     _ufunc: Any = field(default=None, repr=False, compare=False)
 
+    @property
+    def modifies_input(self) -> bool:
+        """True when :meth:`prepare` rewrites its array (callers then prepare a copy)."""
+        return self.kind is RedOpType.PREMUL_SUM
+
     def combine(self, acc: np.ndarray, other: np.ndarray) -> None:
         """Set ``acc = acc (op) other`` in place (both 1-D arrays of the holding dtype)."""
         if self.dtype is dtypes.BFLOAT16:
@@ -161,7 +166,10 @@ class ReduceSpec:
             _scale(array, self.dtype, world_size, np.divide)
 
     def numpy_reference(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """Return the reduction of per-rank arrays (a new array), left to right, for tests."""
+        """Return the reduction of per-rank arrays (a new array), left to right, for tests.
+
+        The arrays hold the dtype's holding type (bfloat16 as uint16 words).
+        """
         if not arrays:
             raise ValueError("numpy_reference: needs at least one array")
         acc = np.array(arrays[0], dtype=self.dtype.numpy, copy=True)
@@ -176,6 +184,8 @@ class ReduceSpec:
 
 def _bf16_apply(ufunc: Any, acc: np.ndarray, other: Any) -> None:
     """Apply a binary ufunc to bfloat16 words through float32, rounding once per element."""
+    if not acc.flags.c_contiguous:  # reshape would copy, and the result would be lost
+        raise ValueError("bfloat16 reduction needs a C-contiguous accumulator")
     flat_acc = acc.reshape(-1)
     if np.ndim(other) == 0:  # a scalar operand (a factor or a divisor), already float32
         for start in range(0, flat_acc.size, _BF16_BLOCK):
@@ -195,7 +205,7 @@ def _bf16_apply(ufunc: Any, acc: np.ndarray, other: Any) -> None:
 def _bf16_scalar(value: float) -> np.float32:
     """Round a Python float to the nearest bfloat16, returned as float32 (NCCL's scalar rule)."""
     words = dtypes.float32_to_bf16(np.array([value], dtype=np.float32))
-    return dtypes.bf16_to_float32(words)[0]
+    return np.float32(dtypes.bf16_to_float32(words)[0])
 
 
 _COMPLEX_PARTS: Final = {"complex64": np.float32, "complex128": np.float64}

@@ -54,17 +54,19 @@ class _Export:
 _LIVE: dict[int, _Export] = {}
 
 
-@dlc.DELETER
+@dlc.DELETER  # type: ignore[untyped-decorator]
 def _deleter(managed_ptr: int) -> None:
     _LIVE.pop(managed_ptr, None)
 
 
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_is_valid.restype = ctypes.c_int
-_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# Private prototypes: setting argtypes on ctypes.pythonapi's shared attributes would leak into
+# every other user of ctypes in the process.
+_capsule_new = ctypes.PYFUNCTYPE(
+    ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p
+)(("PyCapsule_New", ctypes.pythonapi))
+_capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi)
+)
 
 
 def _references(export: _Export) -> int:
@@ -115,6 +117,8 @@ class CtypesDLPackArray:
             ``dtypes.KDL_BFLOAT`` with a uint16 array to export bfloat16).
         readonly: Mark the export read-only (versioned capsules carry the flag; a legacy request
             is refused, as NumPy does, because a legacy capsule cannot carry it).
+        device_type: DLPack device type to announce (the memory is host memory: only CPU and
+            kDLCUDAHost are honest; others test how consumers refuse a device).
 
     A consumer that takes the tensor calls the deleter when done. A capsule dropped without
     being consumed is reclaimed at the next export or :func:`live_exports` call rather than by a
@@ -150,8 +154,8 @@ class CtypesDLPackArray:
         return tuple(self.array.shape)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """Return ``(kDLCPU, 0)``."""
-        return (dlc.KDL_CPU, 0)
+        """Return ``(device_type, 0)``."""
+        return (self.device_type, 0)
 
     def __dlpack__(
         self,
@@ -162,8 +166,10 @@ class CtypesDLPackArray:
         copy: bool | None = None,
     ) -> Any:
         """Return a new 'dltensor' (or 'dltensor_versioned') capsule over the memory."""
-        if dl_device is not None and tuple(dl_device) != (dlc.KDL_CPU, 0):
-            raise BufferError(f"CtypesDLPackArray lives on the CPU, not device {dl_device}")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(
+                f"CtypesDLPackArray lives on {self.__dlpack_device__()}, not device {dl_device}"
+            )
         versioned = max_version is not None and max_version[0] >= dlc.DLPACK_MAJOR
         if self.readonly and not versioned:
             raise BufferError("cannot export a read-only array through a legacy DLPack capsule")
@@ -209,7 +215,7 @@ class ArrayLibrary(NamedTuple):
             return True
         import jax
 
-        return bool(jax.config.read("jax_enable_x64"))
+        return bool(jax.config.read("jax_enable_x64"))  # type: ignore[no-untyped-call]
 
 
 def _numpy_library() -> ArrayLibrary:
@@ -248,8 +254,8 @@ def _torch_library() -> ArrayLibrary | None:
     def back(t: Any) -> np.ndarray:
         t = t.detach().cpu()
         if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(np.uint16)
-        return t.numpy()
+            return np.asarray(t.view(torch.int16).numpy().view(np.uint16))
+        return np.asarray(t.numpy())
 
     return ArrayLibrary("torch", make, back)
 

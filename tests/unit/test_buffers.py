@@ -109,6 +109,15 @@ def test_numpy_non_contiguous_is_staged_and_written_back(make_view: Any) -> None
     np.testing.assert_array_equal(base, expected)
 
 
+def test_non_contiguous_read_only_argument_is_copied_not_staged() -> None:
+    base = np.arange(12.0).reshape(3, 4)
+    base.flags.writeable = False
+    b = buf(base.T, writable=False)
+    assert not b.staged and b.array.flags.c_contiguous
+    np.testing.assert_array_equal(b.array, base.T.reshape(-1))
+    b.write_back()  # nothing to do, and must not try to write the read-only view
+
+
 def test_zero_d_and_zero_size_numpy() -> None:
     scalar = np.array(5.0, np.float32)
     b = buf(scalar)
@@ -242,6 +251,14 @@ def test_torch_requires_grad_says_detach() -> None:
     assert b.numel == 3
 
 
+def test_torch_conjugate_view_is_refused_with_the_reason() -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"could not be exported through DLPack: .*conjugate"):
+        buf(torch.tensor([1 + 2j]).conj(), writable=False)
+    b = buf(torch.tensor([1 + 2j]).conj().resolve_conj(), writable=False)
+    assert b.array[0] == 1 - 2j
+
+
 def test_torch_zero_d_and_zero_size() -> None:
     torch = pytest.importorskip("torch")
     scalar = torch.tensor(3.0)
@@ -373,6 +390,14 @@ def test_torch_consumes_the_ctypes_producer(dtype: DType) -> None:
     assert bool((tensor == 1).all())
     del tensor
     assert live_exports() == before
+
+
+@pytest.mark.parametrize("dtype", [dtypes.FLOAT32, dtypes.BFLOAT16], ids=lambda d: d.name)
+def test_pinned_cuda_host_memory_is_cpu(dtype: DType) -> None:
+    words = ones_words(dtype, 3)
+    producer = CtypesDLPackArray(words, dtype_code=dtype.dlpack[0], device_type=3)
+    b = buf(producer)
+    assert b.device == "cpu" and b.dtype is dtype and np.shares_memory(b.array, words)
 
 
 def test_numpy_consumes_the_ctypes_producer() -> None:

@@ -1,0 +1,166 @@
+"""The conformance suite every colls backend runs: ``check_backend("mybackend")``.
+
+For each world size, one job of real processes (:func:`colls.testing.spawn`, so startup is paid
+once per size) initialises the backend and runs every check of :data:`CHECKS` in order on every
+rank. Inputs are derived from ``(seed, case, rank)``, so each rank computes the NumPy reference of
+every result locally. The first failing case stops the job; :class:`ConformanceError` then names
+the check, the world size, the rank and the case (dtype, op, root, count) and carries every rank's
+traceback.
+
+A plugin author's test is one line::
+
+    from colls.testing import check_backend
+
+    def test_conformance():
+        check_backend("mytransport", world_sizes=(1, 2, 3), quick=True)
+
+The job runs with ``COLLS_SEGMENT_BYTES`` and ``COLLS_SMALL_MESSAGE_BYTES`` set to 4096 so that a
+few thousand elements reach the multi-segment, bandwidth-optimal algorithms. Timing checks of the
+barriers assume the ranks share one clock, which holds because spawn runs them on one host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from colls.testing import _checks_api as api
+from colls.testing import _checks_movement as movement
+from colls.testing import _checks_p2p as p2p
+from colls.testing import _checks_reduce as reduce
+from colls.testing._checks_common import FAILURE_MARKER, SEGMENT_BYTES, ArrayLib, Suite
+from colls.testing.spawn import SpawnError, spawn
+
+__all__ = ["CHECKS", "ConformanceError", "check_backend", "run_suite"]
+
+#: Every check, in the order each rank runs them.
+CHECKS: Final[dict[str, Callable[[Suite], None]]] = {
+    "basics": api.check_basics,
+    "all_reduce_matrix": reduce.check_all_reduce_matrix,
+    "refusals": reduce.check_refusals_of_other_reductions,
+    "counts": reduce.check_counts,
+    "rooted": movement.check_rooted,
+    "all_to_all_uneven": movement.check_all_to_all_uneven,
+    "layouts": movement.check_layouts,
+    "multigpu": movement.check_multigpu,
+    "algorithms": movement.check_each_algorithm,
+    "p2p": p2p.check_p2p,
+    "barriers": p2p.check_barriers,
+    "objects": p2p.check_objects,
+    "async": api.check_async,
+    "subgroups": api.check_subgroups,
+    "functional": api.check_functional,
+    "bad_arguments": api.check_bad_arguments,
+}
+
+DEFAULT_WORLD_SIZES: Final = (1, 2, 3, 4, 5, 7)
+ARRAY_LIBRARIES: Final = ("numpy", "torch")
+#: The seed every input derives from (fixed: a failure reproduces exactly).
+SEED: Final = 20240611
+#: Timeout of each blocking call in the job: a lost message fails the case, not the whole job.
+GROUP_TIMEOUT_S: Final = 30.0
+#: Environment of every job: small segments so modest arrays reach the pipelined algorithms.
+JOB_ENV: Final = {
+    "COLLS_SEGMENT_BYTES": str(SEGMENT_BYTES),
+    "COLLS_SMALL_MESSAGE_BYTES": str(SEGMENT_BYTES),
+}
+_FAILURE_LINE = re.compile(rf"CheckFailure: ({FAILURE_MARKER} .*)")
+
+
+class ConformanceError(AssertionError):
+    """A backend failed the conformance suite (the message names the first failing case)."""
+
+
+def run_suite(rank: int, world_size: int, backend: str, array_library: str, quick: bool,
+              seed: int, checks: Sequence[str]) -> int:
+    """Run ``checks`` on this rank of an initialised world; return the number of cases run.
+
+    This is the function :func:`check_backend` spawns on every rank.
+
+    Raises:
+        CheckFailure: the first failing case.
+    """
+    suite = Suite(rank=rank, world_size=world_size, backend=backend,
+                  lib=ArrayLib(array_library), quick=quick, seed=seed)
+    for name in checks:
+        CHECKS[name](suite)
+    return suite.cases
+
+
+def _check_arguments(backend: str, world_sizes: Sequence[int], array_library: str,
+                     timeout: float, checks: Sequence[str] | None) -> list[str]:
+    if not isinstance(backend, str) or not backend:
+        raise TypeError(f"check_backend: backend must be a backend name, got {backend!r}")
+    if not world_sizes or any(
+        isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in world_sizes
+    ):
+        raise ValueError(
+            f"check_backend: world_sizes must be positive ints, got {list(world_sizes)!r}"
+        )
+    if array_library not in ARRAY_LIBRARIES:
+        raise ValueError(
+            f"check_backend: array_library must be one of {ARRAY_LIBRARIES}, got {array_library!r}"
+        )
+    if not timeout > 0:
+        raise ValueError(f"check_backend: timeout must be positive seconds, got {timeout!r}")
+    names = list(CHECKS) if checks is None else list(checks)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"check_backend: unknown checks {unknown}; known: {', '.join(CHECKS)}")
+    return names
+
+
+def _summary(backend: str, world_size: int, array_library: str, report: str) -> str:
+    failures = list(dict.fromkeys(_FAILURE_LINE.findall(report)))
+    head = f"check_backend({backend!r}, array_library={array_library!r}): world size {world_size}"
+    if failures:
+        lines = "\n".join(f"  {line}" for line in failures)
+        return f"{head}: {len(failures)} failing case(s):\n{lines}\n\nEvery rank:\n{report}"
+    return (f"{head}: the job failed outside any check (setup, crash or hang); every rank:\n"
+            f"{report}")
+
+
+def check_backend(
+    backend: str,
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    *,
+    array_library: str = "numpy",
+    timeout: float = 240,
+    quick: bool = False,
+    checks: Sequence[str] | None = None,
+) -> None:
+    """Run the conformance suite on ``backend`` for each world size; raise on the first failure.
+
+    Args:
+        backend: the backend name, as passed to ``init_process_group``.
+        world_sizes: the world sizes to run, one spawned job each (non-powers of two matter).
+        array_library: "numpy" (bfloat16 through ml_dtypes, or a ctypes DLPack producer
+            without it) or "torch" (CPU tensors; results are compared through NumPy).
+        timeout: seconds each world size's job may take before it counts as hung.
+        quick: fewer dtypes and counts (every collective still runs), for slow transports.
+        checks: names from :data:`CHECKS` to run (default: all, in order).
+
+    Raises:
+        BackendUnavailableError: ``backend`` is unknown or unavailable in this process.
+        ConformanceError: a case failed, or a job crashed or hung; the message names the
+            check, world size, rank and case, followed by every rank's traceback.
+        TypeError, ValueError: invalid arguments.
+    """
+    from colls import plugin_manager
+
+    names = _check_arguments(backend, world_sizes, array_library, timeout, checks)
+    plugin_manager.resolve_backend(backend)  # fail here, clearly, rather than in every rank
+    for world_size in world_sizes:
+        try:
+            cases: list[int] = spawn(run_suite, world_size,
+                          args=(backend, array_library, quick, SEED, names), backend=backend,
+                          timeout=timeout, env=JOB_ENV, group_timeout=GROUP_TIMEOUT_S)
+        except SpawnError as exc:
+            raise ConformanceError(_summary(backend, world_size, array_library, str(exc))
+                                   ) from None
+        if min(cases) < 1:
+            raise ConformanceError(
+                f"check_backend({backend!r}): world size {world_size}: no case ran "
+                f"(cases per rank: {cases})"
+            )
