@@ -81,6 +81,7 @@ _EXPORTS: dict[str, str] = {
     "BackendError": "colls.errors",
     "NetworkError": "colls.errors",
     "StoreError": "colls.errors",
+    "StoreTimeoutError": "colls.errors",
     "CollsTimeoutError": "colls.errors",
     "RendezvousError": "colls.errors",
     "BackendUnavailableError": "colls.errors",

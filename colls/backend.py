@@ -16,7 +16,8 @@ Threading contract:
       return a :class:`~colls.work.Work` the backend completes (a receive's result is the sender's
       group rank). Messages between one pair with one tag are matched in the order they were sent.
     * Collective methods are *blocking* and are called one at a time, in the same order on every
-      rank, from the group's executor thread. They receive C-contiguous 1-D arrays (NumPy for CPU,
+      rank: on the caller's thread for a synchronous call with nothing queued, otherwise on the
+      group's executor thread. They receive C-contiguous 1-D arrays (NumPy for CPU,
       CuPy for CUDA) whose dtype and sizes the core has already checked, and a ``tag`` unique to
       this collective call (negative; user point-to-point tags are non-negative).
     * Every blocking step honours ``self.timeout`` and raises

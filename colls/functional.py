@@ -20,6 +20,15 @@ def _result(template: Any, scratch: Buffer) -> Any:
     return buffers.new_array_like(template, scratch.array.reshape(scratch.shape))
 
 
+def _group_size(group: Any, op: str) -> int:
+    pg = d.resolve_group(group)
+    if pg is None:
+        raise ValueError(
+            f"functional.{op} on rank {d.my_rank()}: this process is not a member of the group"
+        )
+    return pg.size
+
+
 def _input(array: Any, op: str) -> Buffer:
     buf = d.buffer(array, arg="array", op=f"functional.{op}", writable=False)
     if buf.device != "cpu":
@@ -47,7 +56,7 @@ def broadcast(array: Any, src: int | None = None, group: Any = None,
 def all_gather(array: Any, group: Any = None) -> Any:
     """Return every rank's ``array`` stacked along a new leading axis (shape ``(size, *shape)``)."""
     buf = _input(array, "all_gather")
-    size = d.resolve_group(group).size
+    size = _group_size(group, "all_gather")
     out = buffers.scratch(buf, numel=buf.numel * size, shape=(size, *buf.shape))
     c.all_gather_into_tensor(out, buf, group=group)
     return _result(array, out)
@@ -56,7 +65,7 @@ def all_gather(array: Any, group: Any = None) -> Any:
 def reduce_scatter(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
     """Reduce ``array`` over the group and return this rank's slice of dim 0."""
     buf = _input(array, "reduce_scatter")
-    size = d.resolve_group(group).size
+    size = _group_size(group, "reduce_scatter")
     rows = buf.shape[0] if buf.shape else 1
     if rows % size:
         raise ValueError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from types import MappingProxyType
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,7 +96,7 @@ def init_process_group(
         group_store = PrefixStore(WORLD_GROUP_NAME, store)
         options = BackendOptions(
             timeout=limit, group_name=WORLD_GROUP_NAME,
-            global_ranks=tuple(range(world_size)), extra=dict(pg_options or {}),
+            global_ranks=tuple(range(world_size)), extra=MappingProxyType(dict(pg_options or {})),
         )
         REGISTRY.world_rank, REGISTRY.world_size = rank, world_size
         try:
@@ -143,7 +144,7 @@ def new_group(
         my_rank = members.index(REGISTRY.world_rank)
         options = BackendOptions(
             timeout=limit, group_name=name, global_ranks=tuple(members),
-            extra=dict(pg_options or {}),
+            extra=MappingProxyType(dict(pg_options or {})),
         )
         backend_obj = spec.create(group_store, my_rank, len(members), options)
         pg = ProcessGroup(

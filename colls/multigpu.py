@@ -14,19 +14,44 @@ import numpy as np
 
 from colls import _dispatch as d
 from colls import buffers
-from colls.buffers import Buffer
 from colls import collectives as c
+from colls.buffers import Buffer
 from colls.reduce_ops import ReduceOp
 from colls.work import Work, chain
 
 
-def _finish(work: Work | None, after: Any, async_op: bool) -> Work | None:
-    if work is None:
+def _finish(group: Any, work: Work | None, after: Any, async_op: bool) -> Work | None:
+    """Run ``after`` once the collective is done: now (sync) or as a chained Work (async).
+
+    A synchronous collective returns None just like a non-member's call, so membership is
+    asked of the group, not read from ``work``.
+    """
+    if d.resolve_group(group) is None:
         return None
     if async_op:
+        assert work is not None  # a member's async collective always returns a Work
         return chain(work, lambda _r: after())
     after()
     return None
+
+
+def _plain_spec(op: Any, buf: Buffer, name: str) -> Any:
+    """Check ``op``; AVG and PREMUL_SUM are refused (their scaling would count processes, not arrays)."""
+    spec = d.reduce_spec(op, buf, op_name=name)
+    if spec.kind.name in ("AVG", "PREMUL_SUM"):
+        raise ValueError(
+            f"{name} on rank {d.my_rank()}: op {spec.kind.name} is not supported by the multigpu "
+            "forms; use SUM and scale the result"
+        )
+    return spec
+
+
+def _check_index(index: Any, length: int, arg: str, name: str) -> None:
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < length:
+        raise ValueError(
+            f"{name} on rank {d.my_rank()}: {arg}={index!r} must index tensor_list "
+            f"(0..{length - 1})"
+        )
 
 
 def _joined(bufs: list[Buffer]) -> Buffer:
@@ -52,9 +77,7 @@ def all_reduce_multigpu(tensor_list: list[Any], op: Any = ReduceOp.SUM, group: A
     """Reduce every array of every process's list; every array gets the result."""
     name = "all_reduce_multigpu"
     bufs = _local_list(tensor_list, name, writable=True)
-    spec = d.reduce_spec(op, bufs[0], op_name=name)
-    if spec.kind.name in ("AVG", "PREMUL_SUM"):
-        raise ValueError(f"{name}: {spec.kind.name} is not supported by the multigpu form")
+    spec = _plain_spec(op, bufs[0], name)
     staged = buffers.scratch(bufs[0])
     for b in bufs[1:]:
         spec.combine(staged.array, b.array)
@@ -65,7 +88,7 @@ def all_reduce_multigpu(tensor_list: list[Any], op: Any = ReduceOp.SUM, group: A
             np.copyto(b.array, staged.array)
             b.write_back()
 
-    return _finish(work, fan_out, async_op)
+    return _finish(group, work, fan_out, async_op)
 
 
 def broadcast_multigpu(tensor_list: list[Any], src: int, group: Any = None,
@@ -73,6 +96,7 @@ def broadcast_multigpu(tensor_list: list[Any], src: int, group: Any = None,
     """Copy ``tensor_list[src_tensor]`` of rank ``src`` into every array of every list."""
     name = "broadcast_multigpu"
     bufs = _local_list(tensor_list, name, writable=True)
+    _check_index(src_tensor, len(bufs), "src_tensor", name)
     staged = buffers.scratch(bufs[src_tensor])
     work = c.broadcast(staged, src=src, group=group, async_op=async_op)
 
@@ -81,7 +105,7 @@ def broadcast_multigpu(tensor_list: list[Any], src: int, group: Any = None,
             np.copyto(b.array, staged.array)
             b.write_back()
 
-    return _finish(work, fan_out, async_op)
+    return _finish(group, work, fan_out, async_op)
 
 
 def reduce_multigpu(tensor_list: list[Any], dst: int, op: Any = ReduceOp.SUM, group: Any = None,
@@ -89,7 +113,8 @@ def reduce_multigpu(tensor_list: list[Any], dst: int, op: Any = ReduceOp.SUM, gr
     """Reduce every array of every list into ``tensor_list[dst_tensor]`` of rank ``dst``."""
     name = "reduce_multigpu"
     bufs = _local_list(tensor_list, name, writable=True)
-    spec = d.reduce_spec(op, bufs[0], op_name=name)
+    spec = _plain_spec(op, bufs[0], name)
+    _check_index(dst_tensor, len(bufs), "dst_tensor", name)
     staged = buffers.scratch(bufs[0])
     for b in bufs[1:]:
         spec.combine(staged.array, b.array)
@@ -100,7 +125,7 @@ def reduce_multigpu(tensor_list: list[Any], dst: int, op: Any = ReduceOp.SUM, gr
             np.copyto(bufs[dst_tensor].array, staged.array)
             bufs[dst_tensor].write_back()
 
-    return _finish(work, store, async_op)
+    return _finish(group, work, store, async_op)
 
 
 def all_gather_multigpu(output_tensor_lists: list[list[Any]], input_tensor_list: list[Any],
@@ -124,7 +149,7 @@ def all_gather_multigpu(output_tensor_lists: list[list[Any]], input_tensor_list:
                 np.copyto(b.array, gathered.array[j * n : (j + 1) * n])
                 b.write_back()
 
-    return _finish(work, fan_out, async_op)
+    return _finish(group, work, fan_out, async_op)
 
 
 def reduce_scatter_multigpu(output_tensor_list: list[Any], input_tensor_lists: list[list[Any]],
@@ -137,7 +162,7 @@ def reduce_scatter_multigpu(output_tensor_list: list[Any], input_tensor_lists: l
     if pg is None:
         return None
     k, n = len(outs), outs[0].numel
-    spec = d.reduce_spec(op, outs[0], op_name=name)
+    spec = _plain_spec(op, outs[0], name)
     lists = [d.buffer_list(lst, arg=f"input_tensor_lists[{i}]", op=name, writable=False,
                            length=pg.size * k) for i, lst in enumerate(input_tensor_lists)]
     staged = _joined(lists[0])
@@ -151,4 +176,4 @@ def reduce_scatter_multigpu(output_tensor_list: list[Any], input_tensor_lists: l
             np.copyto(b.array, result.array[i * n : (i + 1) * n])
             b.write_back()
 
-    return _finish(work, fan_out, async_op)
+    return _finish(group, work, fan_out, async_op)

@@ -27,6 +27,7 @@ ALIASES = {"gloo": "tcp"}
 _lock = threading.RLock()
 _manager: pluggy.PluginManager | None = None
 _load_errors: dict[str, str] = {}
+_specs: dict[str, list[BackendSpec]] | None = None  # the hook's answers, asked once
 
 
 def _new_manager() -> pluggy.PluginManager:
@@ -67,33 +68,52 @@ def register_plugin(plugin: Any, name: str | None = None) -> None:
     """Register a plugin object or module explicitly (in addition to entry points).
 
     Raises:
-        ValueError: a plugin with that name is already registered, or it implements a hook
-            colls does not define (pluggy's validation, with the plugin and hook named).
+        ValueError: a plugin with that name is already registered.
+        pluggy.PluginValidationError: a hook's signature does not match colls.hookspecs, or
+            the plugin marks a hook colls does not define (the message names plugin and hook).
     """
+    global _specs
     manager = get_plugin_manager()
     with _lock:
-        manager.register(plugin, name=name)
+        registered = manager.register(plugin, name=name)
+        try:
+            manager.check_pending()
+        except pluggy.PluginValidationError:
+            manager.unregister(name=registered)
+            raise
+        _specs = None
 
 
 def unregister_plugin(name: str) -> None:
     """Remove a plugin registered under ``name`` (no-op if absent)."""
+    global _specs
     manager = get_plugin_manager()
     with _lock:
         plugin = manager.get_plugin(name)
         if plugin is not None:
             manager.unregister(plugin, name=name)
+        _specs = None
 
 
 def reset() -> None:
     """Forget every plugin; the next lookup rediscovers entry points (used by tests)."""
-    global _manager
+    global _manager, _specs
     with _lock:
         _manager = None
+        _specs = None
         _load_errors.clear()
 
 
 def _all_specs() -> dict[str, list[BackendSpec]]:
-    """Collect the specs of every plugin, grouped by backend name."""
+    """Return the specs of every plugin, grouped by lower-cased backend name (asked once)."""
+    global _specs
+    with _lock:
+        if _specs is None:
+            _specs = _collect_specs()
+        return _specs
+
+
+def _collect_specs() -> dict[str, list[BackendSpec]]:
     manager = get_plugin_manager()
     found: dict[str, list[BackendSpec]] = {}
     for plugin_name, plugin in manager.list_name_plugin():
@@ -107,7 +127,7 @@ def _all_specs() -> dict[str, list[BackendSpec]]:
                     f"got {type(spec).__name__}"
                 )
             spec = dataclasses.replace(spec, plugin=plugin_name)
-            found.setdefault(spec.name, []).append(spec)
+            found.setdefault(spec.name.lower(), []).append(spec)
     return found
 
 
@@ -163,7 +183,9 @@ def resolve_backend(name: str) -> BackendSpec:
             f"unknown backend {name!r}; {_describe(available_backends())}"
         )
     if len(candidates) > 1:
-        raise BackendUnavailableError(_conflict_message(canonical, candidates))
+        raise BackendUnavailableError(
+            f"{_conflict_message(canonical, candidates)}; {_describe(available_backends())}"
+        )
     spec = candidates[0]
     reason = _availability(spec)
     if reason is not None:

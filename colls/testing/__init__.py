@@ -4,7 +4,9 @@
 * :func:`spawn` / :class:`SpawnError` - run a function on N real processes with a hard timeout;
 * :mod:`colls.testing.arrays` - a ctypes DLPack producer, array-library loops, exact-safe inputs.
 
-Names are imported lazily so ``import colls.testing.arrays`` stays cheap.
+The conformance suite is imported lazily so ``import colls.testing.arrays`` stays cheap. spawn is
+imported at once (standard library only): the function must shadow its module's name here, or
+``from colls.testing import spawn`` would give the module once something imported it.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from colls.testing.spawn import SpawnError as SpawnError
+from colls.testing.spawn import spawn as spawn
+
 _EXPORTS: dict[str, str] = {
     "check_backend": "colls.testing.conformance",
     "ConformanceError": "colls.testing.conformance",
-    "spawn": "colls.testing.spawn",
-    "SpawnError": "colls.testing.spawn",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "SpawnError", "spawn"])
 
 
 def __getattr__(name: str) -> Any:

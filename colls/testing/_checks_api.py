@@ -38,7 +38,8 @@ def check_basics(s: Suite) -> None:
     with s.case("world group"):
         expect(colls.is_initialized(), "is_initialized() is False")
         expect(colls.get_rank() == s.rank, f"get_rank() is {colls.get_rank()}")
-        expect(colls.get_world_size() == s.world_size, f"get_world_size() is {colls.get_world_size()}")
+        size = colls.get_world_size()
+        expect(size == s.world_size, f"get_world_size() is {size}")
         expect(colls.get_backend() == s.backend, f"get_backend() is {colls.get_backend()!r}")
         ranks = colls.get_process_group_ranks(colls.group.WORLD)
         expect(ranks == list(range(s.world_size)), f"get_process_group_ranks(WORLD) is {ranks}")
@@ -121,6 +122,8 @@ def check_subgroups(s: Suite) -> None:
         with s.case("disjoint subgroups at once", ranks=members, complement=others):
             mine = sub if inside else rest
             sentinel(s, mine)
+    with s.case("object collectives on a subgroup", ranks=members):
+        _subgroup_objects(s, sub, members, inside)
     if inside and len(members) > 1:
         with s.case("recv from any source on a subgroup returns a world rank", ranks=members):
             _subgroup_any_source(s, sub, members)
@@ -186,6 +189,18 @@ def _interleaved(s: Suite, sub: Any, members: list[int], inside: bool) -> None:
     if inside:
         expected = reference(ReduceOp.SUM, dtype, [a_in[r] for r in sorted(members)])
         expect_equal(s.lib.to_numpy(a), expected, "subgroup all_reduce (SUM then MAX)")
+
+
+def _subgroup_objects(s: Suite, sub: Any, members: list[int], inside: bool) -> None:
+    ordered = sorted(members)
+    gathered: list[Any] = [None] * len(members)
+    colls.all_gather_object(gathered, ("from", s.rank), group=sub)
+    expected = [("from", r) for r in ordered] if inside else [None] * len(members)
+    expect(gathered == expected, f"all_gather_object gave {gathered}, expected {expected}")
+    objs = [{"root": s.rank}, s.rank]
+    colls.broadcast_object_list(objs, group=sub, group_src=len(members) - 1)
+    wanted = [{"root": ordered[-1]}, ordered[-1]] if inside else [{"root": s.rank}, s.rank]
+    expect(objs == wanted, f"broadcast_object_list gave {objs}, expected {wanted}")
 
 
 def _subgroup_any_source(s: Suite, sub: Any, members: list[int]) -> None:

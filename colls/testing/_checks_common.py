@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -70,7 +70,8 @@ class ArrayLib:
     def make(self, words: np.ndarray, dtype: DType) -> Any:
         """Return a new writable array of this library holding a copy of ``words``."""
         if dtype is dtypes.BFLOAT16 and self._bf16 is None:  # NumPy without ml_dtypes
-            return arrays.CtypesDLPackArray(np.array(words, copy=True), dtype_code=dtypes.KDL_BFLOAT)
+            copy = np.array(words, copy=True)
+            return arrays.CtypesDLPackArray(copy, dtype_code=dtypes.KDL_BFLOAT)
         return self._lib.from_numpy(np.asarray(words, dtype=dtype.numpy), dtype)
 
     def strided(self, words: np.ndarray, dtype: DType) -> tuple[Any, Any]:
@@ -140,7 +141,6 @@ class Suite:
     quick: bool = False
     seed: int = 0
     cases: int = 0
-    _labels: list[str] = field(default_factory=list)
 
     @property
     def dtypes(self) -> tuple[DType, ...]:

@@ -116,7 +116,8 @@ def check_all_to_all_uneven(s: Suite) -> None:
                                    for j in range(ws)])
         out = s.lib.make(np.zeros((sum(out_splits), A2A_COLUMNS)), dtype)
         colls.all_to_all_single(out, s.lib.make(source, dtype), out_splits, in_splits)
-        expect_equal(s.lib.to_numpy(out), expected, f"output (splits in {in_splits}, out {out_splits})")
+        expect_equal(s.lib.to_numpy(out), expected,
+                     f"output (input splits {in_splits}, output splits {out_splits})")
     with s.case("all_to_all ragged list", dtype=dtype):
         ins = [s.lib.make(_payload(me, j, _a2a_size(me, j)), dtype) for j in range(ws)]
         outs = [s.lib.make(np.zeros(_a2a_size(j, me)), dtype) for j in range(ws)]
@@ -168,6 +169,13 @@ def check_multigpu(s: Suite) -> None:
         colls.all_reduce_multigpu(arrays)
         for i, a in enumerate(arrays):
             expect_equal(s.lib.to_numpy(a), total, f"tensor_list[{i}]")
+    with s.case("all_reduce_multigpu(async_op=True)", op=ReduceOp.MAX):
+        arrays = [s.lib.make(a, dtype) for a in own]
+        work = colls.all_reduce_multigpu(arrays, op=ReduceOp.MAX, async_op=True)
+        expect(work is not None, "all_reduce_multigpu(async_op=True) returned None")
+        work.wait(timeout=30)
+        for i, a in enumerate(arrays):
+            expect_equal(s.lib.to_numpy(a), every[-1][-1], f"tensor_list[{i}]")
     root = ws - 1
     with s.case("broadcast_multigpu", root=root):
         arrays = [s.lib.make(a, dtype) for a in own]
@@ -230,9 +238,9 @@ def check_each_algorithm(s: Suite) -> None:
         inputs = s.inputs(dtype, count, "algorithms", count)
         root = count % ws
         runs: dict[str, Any] = {
-            "all_reduce": lambda a: colls.all_reduce(a),
-            "broadcast": lambda a: colls.broadcast(a, src=root),
-            "reduce": lambda a: colls.reduce(a, dst=root),
+            "all_reduce": lambda a, _root: colls.all_reduce(a),
+            "broadcast": lambda a, root: colls.broadcast(a, src=root),
+            "reduce": lambda a, root: colls.reduce(a, dst=root),
         }
         expected = {
             "all_reduce": reference(ReduceOp.SUM, dtype, inputs),
@@ -244,7 +252,7 @@ def check_each_algorithm(s: Suite) -> None:
                 with s.case(collective, algorithm=algorithm, dtype=dtype, root=root, count=count):
                     array = s.lib.make(inputs[s.rank], dtype)
                     with _forced(collective, algorithm):
-                        run(array)
+                        run(array, root)
                     expect_equal(s.lib.to_numpy(array), expected[collective], "result")
         _gather_algorithms(s, inputs, root, count)
 

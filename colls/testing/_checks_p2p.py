@@ -70,7 +70,8 @@ def check_p2p(s: Suite) -> None:
     with s.case("batch_isend_irecv ring"):
         payload = s.lib.make(_message(s.rank, 9), i64)
         into = s.lib.make(np.zeros(4, np.int64), i64)
-        ops = [colls.P2POp(colls.irecv, into, left, tag=9), colls.P2POp(colls.isend, payload, right, tag=9)]
+        ops = [colls.P2POp(colls.irecv, into, left, tag=9),
+               colls.P2POp(colls.isend, payload, right, tag=9)]
         works = colls.batch_isend_irecv(ops)
         expect(len(works) == 2, f"batch_isend_irecv returned {len(works)} Works, expected 2")
         for work in works:
@@ -161,10 +162,10 @@ def check_objects(s: Suite) -> None:
         expect(out == [_obj(r) for r in range(ws)], f"got {out}")
     for root in range(ws):
         with s.case("gather_object", root=root):
-            out = [None] * ws if s.rank == root else None
-            colls.gather_object(_obj(s.rank), out, dst=root)
+            gathered = [None] * ws if s.rank == root else None
+            colls.gather_object(_obj(s.rank), gathered, dst=root)
             if s.rank == root:
-                expect(out == [_obj(r) for r in range(ws)], f"got {out}")
+                expect(gathered == [_obj(r) for r in range(ws)], f"got {gathered}")
     for root in {0, ws - 1}:
         with s.case("broadcast_object_list", root=root):
             objs = [_obj(root), "tail", 3.5] if s.rank == root else [None, None, None]

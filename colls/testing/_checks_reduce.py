@@ -8,6 +8,7 @@ before any byte moves, and the group must keep working.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 import numpy as np
@@ -57,7 +58,7 @@ def check_all_reduce_matrix(s: Suite) -> None:
             with s.case("all_reduce refuses op", dtype=dtype, op=op):
                 words = s.inputs(dtype, MATRIX_COUNT, "refused", dtype.name)[s.rank]
                 array = s.lib.make(words, dtype)
-                expect_raises(TypeError, lambda a=array, o=op: colls.all_reduce(a, op=o),
+                expect_raises(TypeError, functools.partial(colls.all_reduce, array, op=op),
                               contains=(_kind_name(op), dtype.name))
                 expect_equal(s.lib.to_numpy(array), words, "array after the refused call")
         if refused:
@@ -179,3 +180,35 @@ def _all_to_all_count(s: Suite, count: int) -> None:
         out = s.lib.make(np.zeros(count * ws, dtype.numpy), dtype)
         colls.all_to_all_single(out, s.lib.make(inputs[s.rank], dtype))
         expect_equal(s.lib.to_numpy(out), expected, "output")
+
+
+def check_scaled_reductions(s: Suite) -> None:
+    """AVG and PREMUL_SUM (which scale before or after moving) on the other reductions.
+
+    The scaling must reach the result and never the caller's inputs: reduce's non-root arrays
+    and reduce_scatter's inputs stay as they were.
+    """
+    dtype, ws, count = dtypes.FLOAT32, s.world_size, 3
+    root = ws - 1
+    for op in (ReduceOp.AVG, make_premul_sum(PREMUL_FACTOR)):
+        inputs = s.inputs(dtype, count * ws, "scaled", op_label(op))
+        total = reference(op, dtype, inputs)
+        with s.case("reduce", dtype=dtype, op=op, root=root):
+            array = s.lib.make(inputs[s.rank], dtype)
+            colls.reduce(array, dst=root, op=op)
+            expected = total if s.rank == root else inputs[s.rank]
+            expect_equal(s.lib.to_numpy(array), expected, "tensor")
+        mine = total[s.rank * count : (s.rank + 1) * count]
+        with s.case("reduce_scatter_tensor", dtype=dtype, op=op):
+            src = s.lib.make(inputs[s.rank], dtype)
+            out = s.lib.make(np.zeros(count, dtype.numpy), dtype)
+            colls.reduce_scatter_tensor(out, src, op=op)
+            expect_equal(s.lib.to_numpy(out), mine, "output")
+            expect_equal(s.lib.to_numpy(src), inputs[s.rank], "input (must be unchanged)")
+        with s.case("reduce_scatter", dtype=dtype, op=op):
+            pieces = [s.lib.make(p, dtype) for p in np.split(inputs[s.rank], ws)]
+            out = s.lib.make(np.zeros(count, dtype.numpy), dtype)
+            colls.reduce_scatter(out, pieces, op=op)
+            expect_equal(s.lib.to_numpy(out), mine, "output")
+            got = np.concatenate([s.lib.to_numpy(p) for p in pieces])
+            expect_equal(got, inputs[s.rank], "input_list (must be unchanged)")

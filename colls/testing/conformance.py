@@ -16,14 +16,15 @@ A plugin author's test is one line::
 
 The job runs with ``COLLS_SEGMENT_BYTES`` and ``COLLS_SMALL_MESSAGE_BYTES`` set to 4096 so that a
 few thousand elements reach the multi-segment, bandwidth-optimal algorithms. Timing checks of the
-barriers assume the ranks share one clock, which holds because spawn runs them on one host.
+barriers assume the ranks share one clock, which holds for the one-host launchers used here.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from colls.testing import _checks_api as api
 from colls.testing import _checks_movement as movement
@@ -39,6 +40,7 @@ CHECKS: Final[dict[str, Callable[[Suite], None]]] = {
     "basics": api.check_basics,
     "all_reduce_matrix": reduce.check_all_reduce_matrix,
     "refusals": reduce.check_refusals_of_other_reductions,
+    "scaled_reductions": reduce.check_scaled_reductions,
     "counts": reduce.check_counts,
     "rooted": movement.check_rooted,
     "all_to_all_uneven": movement.check_all_to_all_uneven,
@@ -102,6 +104,8 @@ def _check_arguments(backend: str, world_sizes: Sequence[int], array_library: st
         raise ValueError(
             f"check_backend: array_library must be one of {ARRAY_LIBRARIES}, got {array_library!r}"
         )
+    if array_library == "torch" and importlib.util.find_spec("torch") is None:
+        raise ValueError("check_backend: array_library='torch' needs torch, which is not installed")
     if not timeout > 0:
         raise ValueError(f"check_backend: timeout must be positive seconds, got {timeout!r}")
     names = list(CHECKS) if checks is None else list(checks)
@@ -113,6 +117,8 @@ def _check_arguments(backend: str, world_sizes: Sequence[int], array_library: st
 
 def _summary(backend: str, world_size: int, array_library: str, report: str) -> str:
     failures = list(dict.fromkeys(_FAILURE_LINE.findall(report)))
+    # Wrong results first: transport errors on other ranks are usually their consequence.
+    failures.sort(key=lambda line: "AssertionError" not in line)
     head = f"check_backend({backend!r}, array_library={array_library!r}): world size {world_size}"
     if failures:
         lines = "\n".join(f"  {line}" for line in failures)
@@ -129,6 +135,7 @@ def check_backend(
     timeout: float = 240,
     quick: bool = False,
     checks: Sequence[str] | None = None,
+    launcher: str = "spawn",
 ) -> None:
     """Run the conformance suite on ``backend`` for each world size; raise on the first failure.
 
@@ -140,6 +147,8 @@ def check_backend(
         timeout: seconds each world size's job may take before it counts as hung.
         quick: fewer dtypes and counts (every collective still runs), for slow transports.
         checks: names from :data:`CHECKS` to run (default: all, in order).
+        launcher: "spawn" (:func:`colls.testing.spawn`, a store rendezvous) or "mpiexec"
+            (:func:`colls.testing.mpirun.run_mpi`: ``mpiexec -n N``, the MPI world, no store).
 
     Raises:
         BackendUnavailableError: ``backend`` is unknown or unavailable in this process.
@@ -150,12 +159,20 @@ def check_backend(
     from colls import plugin_manager
 
     names = _check_arguments(backend, world_sizes, array_library, timeout, checks)
+    if launcher not in ("spawn", "mpiexec"):
+        raise ValueError(f"check_backend: launcher must be 'spawn' or 'mpiexec', got {launcher!r}")
     plugin_manager.resolve_backend(backend)  # fail here, clearly, rather than in every rank
+    run: Callable[..., list[Any]] = spawn
+    if launcher == "mpiexec":
+        from colls.testing.mpirun import run_mpi
+
+        run = run_mpi
     for world_size in world_sizes:
         try:
-            cases: list[int] = spawn(run_suite, world_size,
-                          args=(backend, array_library, quick, SEED, names), backend=backend,
-                          timeout=timeout, env=JOB_ENV, group_timeout=GROUP_TIMEOUT_S)
+            cases: list[int] = run(run_suite, world_size,
+                                   args=(backend, array_library, quick, SEED, names),
+                                   backend=backend, timeout=timeout, env=JOB_ENV,
+                                   group_timeout=GROUP_TIMEOUT_S)
         except SpawnError as exc:
             raise ConformanceError(_summary(backend, world_size, array_library, str(exc))
                                    ) from None
