@@ -3,6 +3,8 @@
 Run with:  colls-run --nproc-per-node 4 examples/hello_allreduce.py
 """
 
+import sys
+
 import numpy as np
 
 import colls
@@ -17,7 +19,8 @@ def main() -> None:
 
     expected = sum(range(size))
     assert np.all(data == expected), f"rank {rank}: got {data}, expected {expected}"
-    print(f"rank {rank}/{size}: all_reduce -> {data.tolist()} (expected {float(expected)})")
+    # One write per line, so that lines of different ranks sharing a terminal never interleave.
+    sys.stdout.write(f"rank {rank}/{size}: all_reduce -> {data.tolist()} (expected {float(expected)})\n")
     colls.destroy_process_group()
 
 
