@@ -30,6 +30,11 @@ def _group_size(group: Any, op: str) -> int:
 
 
 def _input(array: Any, op: str) -> Buffer:
+    if any(cls.__name__.endswith("Tracer") for cls in type(array).__mro__):
+        raise TypeError(
+            f"functional.{op}: got a traced JAX value ({type(array).__name__}); inside jax.jit, "
+            f"grad or vmap use colls_jax.{op}, which runs through ordered host callbacks"
+        )
     buf = d.buffer(array, arg="array", op=f"functional.{op}", writable=False)
     if buf.device != "cpu":
         raise TypeError(f"functional.{op}: only CPU arrays are supported, got {buf.device}")

@@ -1,0 +1,165 @@
+"""Run a host collective eagerly, or inside a JAX trace as an *ordered* host callback.
+
+Why ordered callbacks: a collective is a side effect that every rank must perform in the same
+order. XLA schedules independent operations freely, so two unrelated collectives of one jitted
+function could run in a different order on two ranks, and both ranks would wait forever. JAX's
+public ``jax.experimental.io_callback(..., ordered=True)`` gives each callback an *ordered
+effect*: JAX threads one token through every ordered callback of a program, in the order they
+were traced, and through consecutive executions of jitted programs (runtime tokens), so every
+rank runs them in program order. Ordered effects are never removed as dead code either: a
+collective whose result is unused still runs on every rank.
+
+Three paths, chosen per call:
+
+* eager code: run the host function directly, after ``jax.effects_barrier()`` so that
+  callbacks of jitted code dispatched earlier (which run asynchronously) have finished; that
+  keeps eager and jitted collectives in one order on every rank.
+* inside a trace (jit, grad, vmap, scan, ...): ``io_callback(..., ordered=True)`` wrapped in
+  ``custom_vmap``, whose rule maps a batched call onto one collective of the whole batch (the
+  batch axis is moved where the collective does not split or stack, then moved back to axis 0).
+* a device-mapped trace (pmap, shard_map, vmap with axis_name): refused, since a host collective
+  would run once per device instead of once per process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
+from jax.experimental import io_callback
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HostOp:
+    """One collective with its static arguments bound, as the dispatcher runs it.
+
+    Attributes:
+        name: The public name, for errors ("all_gather").
+        host: Host function of one array, returning a NumPy array (or None for no output).
+        shape: Output shape as a function of the input shape; None when there is no output.
+        in_axis: Under vmap, the axis the batch axis is moved to in the input (1 for ops that
+            split or concatenate axis 0, so that axis stays axis 0).
+        out_axis: Under vmap, the axis of the output where the batch axis then is.
+        batchable: False for ops whose batched meaning is unclear (send): vmap raises.
+    """
+
+    name: str
+    host: Callable[[Any], Any]
+    shape: Callable[[Shape], Shape] | None
+    in_axis: int = 0
+    out_axis: int = 0
+    batchable: bool = True
+
+
+def is_traced(*arrays: Any) -> bool:
+    """Return True if any argument is a JAX tracer (inside jit, grad, vmap, ...)."""
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def _find_trace_state_clean() -> Callable[[], bool] | None:
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:
+        return None
+    return trace_state_clean  # type: ignore[no-any-return]
+
+
+_TRACE_STATE_CLEAN = _find_trace_state_clean()
+
+
+def tracing() -> bool:
+    """Return True while JAX traces a function (jit, grad, vmap, scan, ...).
+
+    Not the same as "an argument is a tracer": a concrete array captured by a jitted function's
+    closure is not a tracer, yet a collective on it must be staged into the program (run on
+    every call, in order), not run once while tracing. JAX's cheap private check is used when
+    it exists; otherwise a public probe (inside a trace every new value is a tracer).
+    """
+    if _TRACE_STATE_CLEAN is not None:
+        return not _TRACE_STATE_CLEAN()
+    return is_traced(jnp.zeros((), jnp.int32))
+
+
+def call(op: HostOp, x: jax.Array) -> jax.Array | None:
+    """Run ``op`` on ``x``: directly in eager code, as an ordered callback inside a trace."""
+    if not is_traced(x) and not tracing():
+        jax.effects_barrier()  # earlier jitted collectives first, in the same order everywhere
+        return _to_jax(op.host(x))
+    check_not_mapped(op.name)
+    return _batchable(op)(x)
+
+
+def call_nullary(name: str, host: Callable[[], Any], result: jax.ShapeDtypeStruct
+                 ) -> jax.Array:
+    """Run an op without array inputs (recv, barrier) eagerly or as an ordered callback."""
+    if not tracing():
+        jax.effects_barrier()
+        return _to_jax(host())
+    check_not_mapped(name)
+    return io_callback(host, result, ordered=True)
+
+
+def _to_jax(result: Any) -> jax.Array | None:
+    return None if result is None else jnp.asarray(result)
+
+
+def _callback(op: HostOp, x: jax.Array) -> jax.Array | None:
+    result = None if op.shape is None else jax.ShapeDtypeStruct(op.shape(x.shape), x.dtype)
+    return io_callback(op.host, result, x, ordered=True)
+
+
+def _batchable(op: HostOp) -> Callable[[jax.Array], Any]:
+    """Wrap ``op``'s callback so that vmap runs one collective on the whole batch."""
+    fn = custom_vmap(lambda x: _callback(op, x))
+
+    @fn.def_vmap
+    def rule(axis_size: int, in_batched: list[bool], x: jax.Array) -> tuple[Any, Any]:
+        del axis_size
+        if not in_batched[0]:
+            return call(op, x), False
+        if not op.batchable:
+            raise NotImplementedError(
+                f"colls_jax.{op.name} cannot be batched with jax.vmap: the receiving rank could "
+                "not tell how many messages to expect. Call it outside vmap on the whole batch."
+            )
+        out = call(op, jnp.moveaxis(x, 0, op.in_axis))
+        return jnp.moveaxis(out, op.out_axis, 0), True
+
+    return fn
+
+
+def _named_axes() -> tuple[Any, ...]:
+    """Return the named axes of the current trace (pmap, shard_map, named vmap), if any.
+
+    JAX has no public query for this; the private one is used when it exists, and when a future
+    JAX removes it the check is skipped (pmap would then run the callback once per device).
+    """
+    try:
+        from jax._src import core as jax_core
+
+        return tuple(jax_core.get_axis_env().axis_sizes)
+    except Exception:  # a JAX without this internal: no check rather than no collectives
+        return ()
+
+
+def check_not_mapped(name: str) -> None:
+    """Raise if called inside pmap, shard_map or a vmap with an axis name.
+
+    Raises:
+        NotImplementedError: the trace has named axes.
+    """
+    axes = _named_axes()
+    if axes:
+        raise NotImplementedError(
+            f"colls_jax.{name} was called inside jax.pmap, jax.shard_map or a jax.vmap with "
+            f"axis_name (named axes: {', '.join(map(str, axes))}). colls_jax collectives run "
+            "once per process on the host, so they cannot be mapped over devices or named "
+            "axes. Call colls_jax outside the mapped function (plain jax.vmap is supported), "
+            "or use jax.lax collectives (psum, all_gather, ppermute) for device axes."
+        )

@@ -1,0 +1,42 @@
+"""colls_jax on 2 and 3 real processes over tcp: every op, jit ordering, gradients.
+
+Each job batches many checks (starting JAX costs about a second per process); the rank
+functions compare every result with NumPy and raise on a mismatch, and a job that hangs (a
+reordering deadlock) is killed at its timeout and fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import WORKER_ENV
+from jax_reference import DTYPES, JIT_DTYPES
+from jax_workers import ORDER_ROUNDS, collectives_suite, jit_and_grad_suite
+
+from colls.testing import spawn
+
+JOB_TIMEOUT = 150.0
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 30)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_op_eager_jit_and_vmap_match_numpy(world_size: int) -> None:
+    reports = spawn(collectives_suite, world_size, env=WORKER_ENV, timeout=JOB_TIMEOUT)
+    for rank, report in enumerate(reports):
+        ops = report["every_op"]
+        assert ops["dtypes"] == list(DTYPES)
+        # all_ops results per dtype, eagerly and under jit, + edge shapes + colls.functional.
+        runs = len(DTYPES) + len(JIT_DTYPES)
+        assert ops["checks"] >= runs * (10 + 4 * world_size), (rank, ops)
+        assert report["vmap"]["checks"] == 21, (rank, report["vmap"])
+        member = rank in (0, world_size - 1)
+        assert report["subgroup"] == {"checks": 6, "member": member}, rank
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 30)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_jit_order_and_gradients(world_size: int) -> None:
+    reports = spawn(jit_and_grad_suite, world_size, env=WORKER_ENV, timeout=JOB_TIMEOUT)
+    for rank, report in enumerate(reports):
+        assert report["order"]["checks"] == 6 * ORDER_ROUNDS, rank
+        assert report["vjps"]["checks"] == 2 * 15 + 1, rank
+        assert report["data_parallel"]["checks"] == 5, rank
