@@ -1,0 +1,180 @@
+"""colls_torch: torch.distributed over colls, two ways.
+
+1. A drop-in for the torch.distributed module, on torch tensors, over any colls backend, without
+   initialising torch.distributed itself::
+
+       import colls_torch as dist          # instead of: import torch.distributed as dist
+       dist.init_process_group("gloo")     # "gloo" means colls' tcp backend
+       dist.all_reduce(tensor)
+
+   Same functions, signatures, defaults, return values and exception types as
+   torch.distributed (torch's ``DistError`` family for runtime failures). ``ReduceOp`` is
+   torch's own, so ``torch.distributed.ReduceOp.SUM`` works too.
+
+2. A ``colls`` backend inside torch.distributed, registered on import::
+
+       import colls_torch  # noqa: F401
+       torch.distributed.init_process_group("colls")   # then DDP, functional collectives, ...
+
+See docs/torch.md for porting notes and every known difference from torch.distributed.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch.distributed as _dist
+
+from colls.process_group import ProcessGroup
+from colls.rendezvous import register_rendezvous_handler
+
+from colls_torch._c10d import ProcessGroupColls, register
+from colls_torch._collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_single,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    monitored_barrier,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+    scatter,
+)
+from colls_torch._errors import DistBackendError, DistError, DistNetworkError, DistStoreError
+from colls_torch._extras import (
+    all_gather_coalesced,
+    all_gather_multigpu,
+    all_reduce_coalesced,
+    all_reduce_multigpu,
+    broadcast_multigpu,
+    reduce_multigpu,
+    reduce_scatter_multigpu,
+)
+from colls_torch._groups import (
+    Backend,
+    GroupMember,
+    destroy_process_group,
+    get_backend,
+    get_global_rank,
+    get_group_rank,
+    get_node_local_rank,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    group,
+    init_process_group,
+    is_available,
+    is_backend_available,
+    is_gloo_available,
+    is_initialized,
+    is_mpi_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+    is_ucc_available,
+    is_xccl_available,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+)
+from colls_torch._objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from colls_torch._ops import ReduceOp
+from colls_torch._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from colls_torch._stores import FileStore, HashStore, PrefixStore, Store, TCPStore
+from colls_torch._work import Work
+
+#: torch's deprecated alias of ReduceOp (the same object as torch.distributed.reduce_op).
+reduce_op = _dist.reduce_op
+#: torch's default process-group timeout (colls' COLLS_TIMEOUT default is the same).
+default_pg_timeout = datetime.timedelta(minutes=30)
+
+register()
+
+__all__ = [
+    "Backend",
+    "DistBackendError",
+    "DistError",
+    "DistNetworkError",
+    "DistStoreError",
+    "FileStore",
+    "GroupMember",
+    "HashStore",
+    "P2POp",
+    "PrefixStore",
+    "ProcessGroup",
+    "ProcessGroupColls",
+    "ReduceOp",
+    "Store",
+    "TCPStore",
+    "Work",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_multigpu",
+    "all_gather_object",
+    "all_gather_single",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_reduce_multigpu",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "broadcast_multigpu",
+    "broadcast_object_list",
+    "default_pg_timeout",
+    "destroy_process_group",
+    "gather",
+    "gather_object",
+    "get_backend",
+    "get_global_rank",
+    "get_group_rank",
+    "get_node_local_rank",
+    "get_process_group_ranks",
+    "get_rank",
+    "get_world_size",
+    "group",
+    "init_process_group",
+    "irecv",
+    "is_available",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "is_xccl_available",
+    "isend",
+    "monitored_barrier",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "recv",
+    "recv_object_list",
+    "reduce",
+    "reduce_multigpu",
+    "reduce_op",
+    "reduce_scatter",
+    "reduce_scatter_multigpu",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "register_rendezvous_handler",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
+]

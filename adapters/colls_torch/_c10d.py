@@ -1,0 +1,395 @@
+"""The ``colls`` backend inside torch.distributed.
+
+Importing colls_torch registers it (``torch.distributed.Backend.register_backend("colls", ...)``),
+after which ``torch.distributed.init_process_group("colls")`` and ``new_group(backend="colls")``
+build a :class:`ProcessGroupColls`: a Python subclass of torch's ``ProcessGroup`` whose methods
+(``allreduce``, ``broadcast``, ..., with torch's ``*Options`` objects) run colls collectives and
+return :class:`colls_torch.Work`. C++ callers (DDP's reducer, functional collectives) reach these
+methods through torch's pybind trampoline; ``wait()`` re-raises failures.
+
+The transport underneath is a colls backend chosen per group by ``pg_options`` (a
+:class:`ProcessGroupColls.Options` or ``{"transport": "mpi"}``), else by ``COLLS_TORCH_TRANSPORT``
+(default tcp). colls rendezvouses through the store torch hands to the factory (wrapped in
+:class:`~colls_torch._stores.TorchStore`), so env://, tcp://, file://, torchrun and colls-run all
+work. Group ranks given by torch (``opts.rootRank``, ``dstRank``) are already group ranks, so the
+colls group is built over ranks ``0..size-1``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as _dist
+from torch._C._distributed_c10d import (
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+
+import colls
+from colls import env, plugin_manager
+from colls.options import BackendOptions
+from colls.process_group import ProcessGroup
+from colls.work import all_done
+
+from colls_torch._errors import backend_call, translated
+from colls_torch._ops import check_reduction, to_colls
+from colls_torch._stores import as_colls_store
+from colls_torch._submit import submit
+from colls_torch._tensors import Staging
+from colls_torch._work import Work
+
+BACKEND_NAME = "colls"
+
+
+@dataclass
+class CollsOptions:
+    """Per-group options of the ``colls`` backend (``pg_options=`` of init/new_group).
+
+    Attributes:
+        transport: the colls backend underneath ("tcp", "mpi", "nccl"); None reads
+            ``COLLS_TORCH_TRANSPORT``.
+        extra: backend-specific options passed to the colls backend.
+    """
+
+    transport: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _options(backend_options: Any) -> CollsOptions:
+    if backend_options is None:
+        return CollsOptions()
+    if isinstance(backend_options, CollsOptions):
+        return backend_options
+    if isinstance(backend_options, Mapping):
+        extra = {k: v for k, v in backend_options.items() if k != "transport"}
+        return CollsOptions(backend_options.get("transport"), extra)
+    raise TypeError(
+        "pg_options for the 'colls' backend must be ProcessGroupColls.Options or a dict such "
+        f"as {{'transport': 'tcp'}}, got {type(backend_options).__name__}"
+    )
+
+
+def _one(tensors: Any) -> list[torch.Tensor]:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+class ProcessGroupColls(_dist.ProcessGroup):
+    """A torch.distributed ProcessGroup whose collectives run over colls.
+
+    Created by torch through the registered factory; see the module docstring.
+
+    Args:
+        store: the torch Store of this group (already prefixed by torch).
+        rank, size: this process's group rank and the group size.
+        timeout: the group timeout.
+        group_name: torch's name of the group (also given to colls).
+        global_ranks: the world ranks of the members (colls backends that need them).
+        options: the group's :class:`Options` (transport).
+    """
+
+    Options = CollsOptions
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta, *,
+                 group_name: str = "", global_ranks: list[int] | None = None,
+                 options: CollsOptions | None = None) -> None:
+        super().__init__(rank, size)
+        options = options or CollsOptions()
+        transport = options.transport or env.get("COLLS_TORCH_TRANSPORT") or "tcp"
+        seconds = timeout.total_seconds()
+        colls_store = as_colls_store(store)
+        with translated():
+            spec = plugin_manager.resolve_backend(transport)
+            backend = spec.create(colls_store, rank, size, BackendOptions(
+                timeout=seconds, group_name=group_name or BACKEND_NAME,
+                global_ranks=tuple(global_ranks or range(size)), extra=dict(options.extra),
+            ))
+        self._group = ProcessGroup(
+            name=group_name or BACKEND_NAME, global_ranks=range(size), my_global_rank=rank,
+            backend_name=spec.name, backend=backend, store=colls_store, timeout=seconds,
+        )
+        self._group_name = group_name
+        self._group_desc = ""
+        self.transport = spec.name
+
+    # -- names (functional collectives resolve groups by name) ----------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's C++ name
+        """Return "colls"."""
+        return BACKEND_NAME
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        """Record torch's name of this group."""
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        """Return torch's name of this group."""
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        """Record torch's description of this group."""
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        """Return torch's description of this group."""
+        return self._group_desc
+
+    def __repr__(self) -> str:
+        return (f"<ProcessGroupColls {self._group_name!r} rank={self.rank()}/{self.size()} "
+                f"transport={self.transport}>")
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _staging(self) -> Staging:
+        return Staging(self._group.backend.devices)
+
+    def _all(self, works: list[Work | None], result: list[torch.Tensor]) -> Work:
+        inners = [w._inner for w in works if w is not None]
+        if len(inners) == 1:
+            return Work(inners[0], result)
+        return Work(all_done(inners, description=f"{len(inners)} operations"), result)
+
+    def _reduce_op(self, opts: Any, tensors: list[torch.Tensor], fn: str) -> Any:
+        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
+        cop = to_colls(op)
+        for t in tensors:
+            check_reduction(cop, t.dtype, fn)
+        return cop
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Work:
+        """All-reduce each tensor in place (``opts``: AllreduceOptions or a ReduceOp)."""
+        tensors = _one(tensors)
+        cop = self._reduce_op(opts if opts is not None else AllreduceOptions(), tensors,
+                              "allreduce")
+        return self._all([self._allreduce_one(t, cop) for t in tensors], tensors)
+
+    def _allreduce_one(self, tensor: torch.Tensor, cop: Any) -> Work | None:
+        st = self._staging()
+        t = st.target(tensor)
+        return submit(st, lambda a: colls.all_reduce(t, op=cop, group=self._group, async_op=a),
+                      [tensor], True)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor],
+                            opts: Any = None) -> Work:
+        """All-reduce several tensors (one collective each, in order)."""
+        cop = self._reduce_op(opts if opts is not None else AllreduceCoalescedOptions(),
+                              tensors, "allreduce_coalesced")
+        return self._all([self._allreduce_one(t, cop) for t in tensors], tensors)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Work:
+        """Broadcast ``tensors[opts.rootTensor]`` of group rank ``opts.rootRank``."""
+        tensors = _one(tensors)
+        opts = opts if opts is not None else BroadcastOptions()
+        root = opts.rootRank if hasattr(opts, "rootRank") else int(opts)
+        works = []
+        for tensor in tensors:
+            st = self._staging()
+            t = st.target(tensor)
+            works.append(submit(st, lambda a, t=t: colls.broadcast(
+                t, group=self._group, async_op=a, group_src=root), [tensor], True))
+        return self._all(works, tensors)
+
+    def reduce(self, tensors: Any, opts: Any = None) -> Work:
+        """Reduce into the tensor of group rank ``opts.rootRank``."""
+        tensors = _one(tensors)
+        opts = opts if opts is not None else ReduceOptions()
+        cop = self._reduce_op(opts, tensors, "reduce")
+        works = []
+        for tensor in tensors:
+            st = self._staging()
+            t = st.target(tensor)
+            works.append(submit(st, lambda a, t=t: colls.reduce(
+                t, op=cop, group=self._group, async_op=a, group_dst=opts.rootRank),
+                [tensor], True))
+        return self._all(works, tensors)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]],
+                  input_tensors: Any, opts: Any = None) -> Work:
+        """``output_tensors[i][r]`` gets ``input_tensors[i]`` of group rank r."""
+        input_tensors = _one(input_tensors)
+        works = []
+        for outs, tensor in zip(output_tensors, input_tensors, strict=True):
+            st = self._staging()
+            o, s = st.targets(outs), st.source(tensor)
+            works.append(submit(st, lambda a, o=o, s=s: colls.all_gather(
+                o, s, group=self._group, async_op=a), outs, True))
+        return self._all(works, [t for outs in output_tensors for t in outs])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Work:
+        """Gather ``input`` of every rank, concatenated, into ``output``."""
+        st = self._staging()
+        o, s = st.target(output), st.source(input)
+        return submit(st, lambda a: colls.all_gather_into_tensor(
+            o, s, group=self._group, async_op=a), [output], True)
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            input_list: list[torch.Tensor], opts: Any = None) -> Work:
+        """``output_lists[r][j]`` gets ``input_list[j]`` of rank r."""
+        works = []
+        for j, tensor in enumerate(input_list):
+            column = [output_lists[r][j] for r in range(len(output_lists))]
+            works.append(self.allgather([column], [tensor]))
+        return self._all(works, [t for lst in output_lists for t in lst])
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """One :meth:`all_gather_single` per (output, input) pair."""
+        works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._all(works, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: Any,
+               opts: Any = None) -> Work:
+        """Gather ``input_tensors[0]`` of every rank into ``output_tensors[0]`` of the root."""
+        opts = opts if opts is not None else GatherOptions()
+        input_tensors = _one(input_tensors)
+        outs = output_tensors[0] if output_tensors and output_tensors[0] else []
+        st = self._staging()
+        o, s = st.targets(outs) or None, st.source(input_tensors[0])
+        return submit(st, lambda a: colls.gather(
+            s, o, group=self._group, async_op=a, group_dst=opts.rootRank), outs, True)
+
+    def scatter(self, output_tensors: Any, input_tensors: list[list[torch.Tensor]],
+                opts: Any = None) -> Work:
+        """Give group rank r entry r of the root's ``input_tensors[0]``."""
+        opts = opts if opts is not None else ScatterOptions()
+        output_tensors = _one(output_tensors)
+        ins = input_tensors[0] if input_tensors and input_tensors[0] else []
+        st = self._staging()
+        o, i = st.target(output_tensors[0]), st.sources(ins) or None
+        return submit(st, lambda a: colls.scatter(
+            o, i, group=self._group, async_op=a, group_src=opts.rootRank), output_tensors, True)
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: list[list[torch.Tensor]],
+                       opts: Any = None) -> Work:
+        """Reduce ``input_tensors[0]`` element-wise; group rank r gets entry r."""
+        output_tensors = _one(output_tensors)
+        cop = self._reduce_op(opts if opts is not None else ReduceScatterOptions(),
+                              output_tensors, "reduce_scatter")
+        st = self._staging()
+        o, i = st.target(output_tensors[0]), st.sources(input_tensors[0])
+        return submit(st, lambda a: colls.reduce_scatter(
+            o, i, op=cop, group=self._group, async_op=a), output_tensors, True)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> Work:
+        """Reduce ``input`` (size chunks); group rank r gets chunk r in ``output``."""
+        cop = self._reduce_op(opts if opts is not None else ReduceScatterOptions(), [output],
+                              "reduce_scatter_single")
+        st = self._staging()
+        o, i = st.target(output), st.source(input)
+        return submit(st, lambda a: colls.reduce_scatter_tensor(
+            o, i, op=cop, group=self._group, async_op=a), [output], True)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """One :meth:`reduce_scatter_single` per (output, input) pair."""
+        works = [self.reduce_scatter_single(o, i, opts)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return self._all(works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int] | None = None,
+                          input_split_sizes: list[int] | None = None,
+                          opts: Any = None) -> Work:
+        """Split ``input`` along dim 0 by ``input_split_sizes``; piece j goes to rank j."""
+        st = self._staging()
+        o, i = st.target(output), st.source(input)
+        return submit(st, lambda a: colls.all_to_all_single(
+            o, i, list(output_split_sizes or []) or None, list(input_split_sizes or []) or None,
+            group=self._group, async_op=a), [output], True)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> Work:
+        """Send ``input_tensors[j]`` to rank j; receive rank j's into ``output_tensors[j]``."""
+        st = self._staging()
+        o, i = st.targets(output_tensors), st.sources(input_tensors)
+        return submit(st, lambda a: colls.all_to_all(o, i, group=self._group, async_op=a),
+                      output_tensors, True)
+
+    def barrier(self, opts: Any = None) -> Work:
+        """Return a Work that completes once every rank has entered the barrier."""
+        return submit(self._staging(), lambda a: colls.barrier(group=self._group, async_op=a),
+                      [], True)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout``."""
+        with backend_call():
+            colls.monitored_barrier(group=self._group, timeout=timeout,
+                                    wait_all_ranks=wait_all_ranks)
+
+    # -- point-to-point ------------------------------------------------------------------------
+
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # noqa: N803
+        """Send ``tensors[0]`` to group rank ``dstRank``."""
+        tensors = _one(tensors)
+        st = self._staging()
+        s = st.source(tensors[0])
+        return submit(st, lambda _a: colls.isend(s, group=self._group, tag=tag,
+                                                 group_dst=dstRank), tensors, True)
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # noqa: N803
+        """Receive into ``tensors[0]`` from group rank ``srcRank``."""
+        return self._recv(_one(tensors), srcRank, tag)
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> Work:
+        """Receive into ``tensors[0]`` from any rank; ``source_rank()`` names the sender."""
+        return self._recv(_one(tensors), None, tag)
+
+    def _recv(self, tensors: list[torch.Tensor], src: int | None, tag: int) -> Work:
+        st = self._staging()
+        o = st.target(tensors[0])
+        return submit(st, lambda _a: colls.irecv(o, group=self._group, tag=tag, group_src=src),
+                      tensors, True)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Close the colls group and its store adapter (torch calls this on destroy)."""
+        self._group.close()
+        self._group.store.close()  # ends waits parked on torch's store; torch's stays open
+
+    def abort(self) -> None:
+        """Close the colls group at once."""
+        self.shutdown()
+
+
+def _create(dist_backend_opts: Any, backend_options: Any) -> ProcessGroupColls:
+    """torch's factory hook (extended API): build the group torch asked for."""
+    return ProcessGroupColls(
+        dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size,
+        dist_backend_opts.timeout, group_name=str(dist_backend_opts.group_id),
+        global_ranks=list(dist_backend_opts.global_ranks_in_group),
+        options=_options(backend_options),
+    )
+
+
+def register() -> None:
+    """Register the ``colls`` backend with torch.distributed (once per process)."""
+    if BACKEND_NAME in _dist.Backend.backend_list:
+        return
+    _dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+                                   devices=["cpu", "cuda"])
+
+
+__all__ = ["BACKEND_NAME", "ProcessGroupColls", "register"]

@@ -1,0 +1,153 @@
+"""The one boundary where colls' errors become torch.distributed's.
+
+colls raises its own family (:mod:`colls.errors`); torch users catch ``DistError`` and friends.
+:data:`COLLS_TO_TORCH` is the single table that maps one to the other, most specific class
+first. :func:`translated` applies it: every public function of colls_torch is decorated with
+:func:`boundary`, :class:`colls_torch.Work` calls :func:`translated` around ``wait()``, and the
+stores wrap their methods the same way. The torch error carries colls' message and is chained
+(``raise ... from exc``) so the original is never lost.
+
+Caller mistakes keep their Python types (``TypeError``/``ValueError``), as in torch, with one
+rule for gloo parity: an argument error that colls detects *inside* a collective (a list of the
+wrong length, an out-of-range root, mismatched sizes) is one torch's Python layer lets through to
+the gloo C++ checks, which raise ``RuntimeError``; :func:`backend_call` turns such ValueErrors into
+RuntimeErrors.
+
+The reverse direction (a torch Store used by colls, in the ``colls`` c10d backend) is
+:func:`store_error_from_torch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, Final, TypeVar
+
+import torch.distributed as _dist
+
+from colls.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CollsError,
+    CollsTimeoutError,
+    NetworkError,
+    RendezvousError,
+    StoreError,
+    StoreTimeoutError,
+)
+
+DistError = _dist.DistError
+DistBackendError = _dist.DistBackendError
+DistNetworkError = _dist.DistNetworkError
+DistStoreError = _dist.DistStoreError
+
+#: colls error class -> the exception torch raises in the same situation. First match wins.
+#: BackendUnavailableError is both a RuntimeError and a ValueError already (torch raises
+#: ValueError for an unknown backend name and RuntimeError for one not built in), so it passes
+#: through unchanged. A rendezvous that cannot start (missing MASTER_ADDR, malformed URL)
+#: is a ValueError in torch; store and network failures during it keep their own classes.
+COLLS_TO_TORCH: Final[tuple[tuple[type[BaseException], type[BaseException] | None], ...]] = (
+    (BackendUnavailableError, None),
+    (StoreError, DistStoreError),  # also StoreTimeoutError: torch's store timeouts
+    (NetworkError, DistNetworkError),  # a peer or the store server is unreachable / died
+    (CollsTimeoutError, DistBackendError),  # a collective ran past the group timeout
+    (BackendError, DistBackendError),  # the transport failed
+    (RendezvousError, ValueError),  # torch: "environment variable RANK expected, but not set"
+    (CollsError, DistError),  # anything else of colls' own
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def torch_class_for(exc: BaseException) -> type[BaseException] | None:
+    """Return the torch exception class for ``exc``, or None to re-raise it unchanged."""
+    if not isinstance(exc, CollsError):
+        return None
+    for colls_cls, torch_cls in COLLS_TO_TORCH:
+        if isinstance(exc, colls_cls):
+            return torch_cls
+    return None
+
+
+def to_torch(exc: BaseException) -> BaseException:
+    """Return the torch-family exception standing for ``exc`` (``exc`` itself if none)."""
+    cls = torch_class_for(exc)
+    if cls is None:
+        return exc
+    new = cls(str(exc))
+    new.__cause__ = exc
+    return new
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise colls errors raised in the block as their torch equivalents (chained)."""
+    try:
+        yield
+    except CollsError as exc:
+        cls = torch_class_for(exc)
+        if cls is None:
+            raise
+        raise cls(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def backend_call() -> Iterator[None]:
+    """Run a colls call as torch runs a gloo call: translate errors, ValueError -> RuntimeError.
+
+    torch's Python layer checks types, dtypes and ``src``/``group_src`` exclusivity (those keep
+    TypeError/ValueError, raised before this block); sizes, list lengths and roots are checked by
+    gloo in C++ and raise RuntimeError. colls checks the latter as ValueError, hence the rule.
+    """
+    try:
+        yield
+    except CollsError as exc:
+        cls = torch_class_for(exc)
+        if cls is None:
+            raise
+        raise cls(str(exc)) from exc
+    except ValueError as exc:
+        raise RuntimeError(str(exc)) from exc
+
+
+def boundary(func: F) -> F:
+    """Decorate a public function so colls errors leave it as torch's (see module docstring)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with translated():
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def store_error_from_torch(exc: BaseException, what: str) -> CollsError:
+    """Return the colls error for a failure of a torch Store used by colls (the reverse map).
+
+    Args:
+        exc: what the torch store raised.
+        what: the store operation and keys, for the message ("get('addr/1')").
+    """
+    message = f"torch store: {what} failed: {exc}"
+    if isinstance(exc, DistNetworkError):
+        return NetworkError(message)
+    text = str(exc).lower()
+    if "timeout" in text or "timed out" in text:
+        return StoreTimeoutError(message)
+    return StoreError(message)
+
+
+__all__ = [
+    "COLLS_TO_TORCH",
+    "DistBackendError",
+    "DistError",
+    "DistNetworkError",
+    "DistStoreError",
+    "backend_call",
+    "boundary",
+    "store_error_from_torch",
+    "to_torch",
+    "torch_class_for",
+    "translated",
+]

@@ -1,0 +1,410 @@
+"""Process groups with torch.distributed's names: init, new_group, ranks, backends, availability.
+
+Everything delegates to colls' own registry (``colls.init_process_group`` and friends), so
+colls_torch never touches torch.distributed's global state: a process may run torch's own
+process groups and colls_torch's side by side. What this module adds is torch's surface:
+its extra parameters (``device_id``, ``sort_ranks``, ...), its return types (``Backend``), its
+special cases (``get_group_rank(group.WORLD, r)`` is the identity), the warning torch gives a
+process that calls a collective on a group it is not a member of, and the root-rank rules that
+make an out-of-range root a RuntimeError as in gloo.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any, Final
+
+import torch
+
+import colls
+from colls import _dispatch
+from colls.plugin_manager import ALIASES
+from colls.process_group import ProcessGroup
+from colls.registry import NON_GROUP_MEMBER, WORLD, GroupMember, group
+
+from colls_torch._errors import boundary
+
+#: The backend name each live group was created with, as the user spelled it ("gloo" stays
+#: "gloo" although colls runs tcp), keyed by colls group name; get_backend() reports it.
+_REQUESTED_BACKEND: dict[str, str] = {}
+_WORLD_NAME: Final = "default_pg"
+
+
+class Backend(str):  # noqa: SLOT000 - a str subclass, as torch's Backend
+    """Backend names, as ``torch.distributed.Backend``: ``Backend("GLOO") == "gloo"``.
+
+    Like torch's, the constructor only normalises the name (upper-case constants, else lower
+    case); whether colls can run it is checked by init_process_group and new_group.
+    """
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    MPI = "mpi"
+    TCP = "tcp"
+    UCC = "ucc"
+    XCCL = "xccl"
+    COLLS = "colls"
+
+    def __new__(cls, name: str) -> Backend:
+        if not isinstance(name, str):
+            raise ValueError("Backend constructor parameter must be string-ish")
+        value = getattr(Backend, name.upper(), Backend.UNDEFINED)
+        return super().__new__(cls, name.lower() if value == Backend.UNDEFINED else value)
+
+
+def _colls_backend(backend: Any) -> str | None:
+    """Return the colls backend name for torch's ``backend`` argument (None: colls' default).
+
+    A device map such as ``"cpu:gloo,cuda:nccl"`` selects its cpu entry: colls moves CUDA
+    tensors itself (through host memory on CPU transports).
+    """
+    if backend is None:
+        return None
+    name = str(backend).lower()
+    if name in ("", Backend.UNDEFINED):
+        return None
+    if ":" in name:
+        entries = dict(part.split(":", 1) for part in name.split(",") if ":" in part)
+        name = entries.get("cpu") or next(iter(entries.values()))
+    return name
+
+
+def _torch_store_adapter(store: Any) -> Any:
+    from colls_torch._stores import as_colls_store
+
+    return None if store is None else as_colls_store(store)
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+
+@boundary
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: datetime.timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+    _ranks: list[int] | None = None,
+) -> None:
+    """Initialise the default (world) group over colls; torch.distributed is left untouched.
+
+    As ``torch.distributed.init_process_group``; ``backend`` is a colls backend ("tcp", "mpi",
+    "nccl"; "gloo" means tcp), ``store`` a colls Store or a torch Store. ``device_id`` and
+    ``_ranks`` are accepted and ignored (colls binds no device and names groups itself).
+    """
+    name = _colls_backend(backend)
+    colls.init_process_group(
+        backend=name, init_method=init_method, timeout=timeout, world_size=world_size,
+        rank=rank, store=_torch_store_adapter(store), group_name=group_name,
+        pg_options=pg_options,
+    )
+    _REQUESTED_BACKEND[_WORLD_NAME] = str(backend).lower() if name else colls.get_backend()
+
+
+@boundary
+def destroy_process_group(group: Any = None) -> None:
+    """Destroy ``group``, or every group when None (as torch)."""
+    if group is NON_GROUP_MEMBER:
+        return
+    pg = resolve(group)
+    colls.destroy_process_group(group)
+    if pg is None or pg.name == _WORLD_NAME:
+        _REQUESTED_BACKEND.clear()
+    else:
+        _REQUESTED_BACKEND.pop(pg.name, None)
+
+
+def is_initialized() -> bool:
+    """Return True once init_process_group has run (and destroy has not)."""
+    return colls.is_initialized()
+
+
+def is_available() -> bool:
+    """Return True: colls_torch is always available."""
+    return True
+
+
+def _usable(name: str) -> bool:
+    status = colls.available_backends()
+    name = ALIASES.get(name, name)
+    return name in status and status[name] is None
+
+
+def is_backend_available(backend: str) -> bool:
+    """Return whether colls can run ``backend`` here ("gloo" means tcp)."""
+    names = _colls_backend(backend)
+    return names is not None and _usable(names)
+
+
+def is_mpi_available() -> bool:
+    """Return whether colls' mpi backend is usable here."""
+    return _usable("mpi")
+
+
+def is_nccl_available() -> bool:
+    """Return whether colls' nccl backend is usable here (False when it is not installed)."""
+    return _usable("nccl")
+
+
+def is_gloo_available() -> bool:
+    """Return True when tcp (which "gloo" means in colls_torch) is usable."""
+    return _usable("tcp")
+
+
+def is_ucc_available() -> bool:
+    """Return False: colls has no ucc backend."""
+    return False
+
+
+def is_xccl_available() -> bool:
+    """Return False: colls has no xccl backend."""
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    """Return whether this process was started by torchelastic (torchrun)."""
+    return os.getenv("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """Return LOCAL_RANK (set by colls-run and torchrun), else ``fallback_rank``.
+
+    Raises:
+        RuntimeError: LOCAL_RANK is unset and no fallback was given.
+    """
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment. Consider passing fallback_rank to allow "
+        "`get_node_local_rank` to work."
+    )
+
+
+# -- groups --------------------------------------------------------------------------------------
+
+
+def resolve(group: Any) -> ProcessGroup | None:
+    """Return the colls group a call runs on (None for a non-member), as colls resolves it.
+
+    Raises:
+        ValueError: before init_process_group, or ``group`` is not a colls_torch group.
+    """
+    if group is None or group is WORLD or group is NON_GROUP_MEMBER or isinstance(
+        group, ProcessGroup
+    ):
+        return _dispatch.resolve_group(group)
+    raise ValueError(
+        f"Process group {group!r} is not a colls_torch group; pass a group made by "
+        "colls_torch.new_group (a torch.distributed group cannot be mixed with colls_torch)"
+    )
+
+
+def member(group: Any, op: str) -> ProcessGroup | None:
+    """Resolve ``group``; for a non-member, warn as torch does and return None."""
+    pg = resolve(group)
+    if pg is None:
+        warnings.warn(
+            f"Running {op} on global rank {colls.get_rank()} which does not belong to the "
+            "given group.",
+            stacklevel=3,
+        )
+    return pg
+
+
+def _is_world(pg: ProcessGroup) -> bool:
+    return pg.name == _WORLD_NAME
+
+
+def group_rank(pg: ProcessGroup, rank: int | None, grank: int | None, *, op: str,
+               what: str = "root") -> int:
+    """Return the group rank named by a world rank or a group rank, with torch's error types.
+
+    ``src``/``group_src`` exclusivity and a world rank outside a subgroup are ValueErrors (torch's
+    Python checks); a rank out of range is a RuntimeError (gloo's check).
+    """
+    if grank is not None:
+        if rank is not None:
+            raise ValueError("Can't specify both group_rank and global_rank")
+    else:
+        if rank is None:
+            raise ValueError("Must specify global_rank or group_rank")
+        if _is_world(pg):
+            grank = rank
+        else:
+            grank = pg.group_rank(rank)
+            if grank < 0:
+                raise ValueError(f"Global rank {rank} is not part of group {pg!r}")
+    if isinstance(grank, bool) or not isinstance(grank, int):
+        raise TypeError(f"{op}: the {what} rank must be an int, got {type(grank).__name__}")
+    if not 0 <= grank < pg.size:
+        raise RuntimeError(f"{op}: invalid {what} rank: {grank} (the group has {pg.size} ranks)")
+    return grank
+
+
+def get_rank(group: Any = None) -> int:
+    """Return this process's rank in ``group``; -1 if it is not a member."""
+    return colls.get_rank(group)
+
+
+def get_world_size(group: Any = None) -> int:
+    """Return the number of processes in ``group``; -1 if not a member."""
+    return colls.get_world_size(group)
+
+
+def get_backend(group: Any = None) -> Backend:
+    """Return ``group``'s backend as named at creation ("gloo" stays "gloo").
+
+    Raises:
+        ValueError: ``group`` is not a group this process belongs to.
+    """
+    pg = resolve(group)
+    if pg is None:
+        raise ValueError("Invalid process group specified")
+    return Backend(_REQUESTED_BACKEND.get(pg.name, pg.backend_name))
+
+
+@boundary
+def new_group(
+    ranks: Sequence[int] | None = None,
+    timeout: datetime.timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+    device_id: Any = None,
+    sort_ranks: bool = True,
+) -> Any:
+    """Create a group of world ``ranks``; every process must call it, in the same order.
+
+    As torch; ``device_id`` is ignored. colls always orders a group by world rank, so
+    ``sort_ranks=False`` with unsorted ranks raises NotImplementedError.
+    """
+    if not sort_ranks and ranks is not None and list(ranks) != sorted(ranks):
+        raise NotImplementedError(
+            f"new_group(sort_ranks=False) with unsorted ranks {list(ranks)}: colls orders group "
+            "ranks by world rank; pass the ranks sorted"
+        )
+    name = _colls_backend(backend)
+    pg = colls.new_group(ranks=ranks, timeout=timeout, backend=name, pg_options=pg_options,
+                         use_local_synchronization=use_local_synchronization,
+                         group_desc=group_desc)
+    if isinstance(pg, ProcessGroup):
+        requested = str(backend).lower() if name else get_backend()
+        _REQUESTED_BACKEND[pg.name] = requested
+    return pg
+
+
+def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any = None,
+                  backend: str | None = None, pg_options: Any = None,
+                  group_desc: str | None = None) -> tuple[Any, list[Any]]:
+    """Split ``group`` (world by default) into consecutive groups of ``group_size`` ranks.
+
+    Returns:
+        (this process's subgroup, every subgroup), as torch.
+    """
+    if group_size is None:
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "Default group size only takes effect when CUDA is available. If your subgroup "
+                "uses a backend that does not depend on CUDA, please pass in 'group_size'."
+            )
+        group_size = torch.cuda.device_count()
+    if group_size <= 0:
+        raise ValueError(f"The arg 'group_size' ({group_size}) must be positive")
+    world_size = get_world_size(group=group)
+    if world_size < group_size:
+        raise ValueError(
+            f"The arg 'group_size' ({group_size}) must not exceed the world size ({world_size})"
+        )
+    if world_size % group_size != 0:
+        raise ValueError(
+            f"The world size ({world_size}) must be divisible by 'group_size={group_size}'"
+        )
+    ranks = get_process_group_ranks(group)
+    chunks = [ranks[i : i + group_size] for i in range(0, len(ranks), group_size)]
+    return new_subgroups_by_enumeration(chunks, timeout=timeout, backend=backend,
+                                        pg_options=pg_options, group_desc=group_desc)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
+                                 timeout: Any = None, backend: str | None = None,
+                                 pg_options: Any = None, group_desc: str | None = None
+                                 ) -> tuple[Any, list[Any]]:
+    """Create one group per rank list; return (this process's group, all groups)."""
+    if not ranks_per_subgroup_list:
+        raise ValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
+    seen: dict[int, Sequence[int]] = {}
+    for ranks in ranks_per_subgroup_list:
+        for r in ranks:
+            if r in seen:
+                raise ValueError(f"Rank {r} has appeared in both subgroup {seen[r]} and {ranks}")
+            seen[r] = ranks
+    me = get_rank()
+    subgroups, mine = [], None
+    for ranks in ranks_per_subgroup_list:
+        sub = new_group(ranks=ranks, timeout=timeout, backend=backend, pg_options=pg_options,
+                        group_desc=group_desc)
+        subgroups.append(sub)
+        if me in ranks:
+            mine = sub
+    return mine, subgroups
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:
+    """Translate ``group_rank`` of ``group`` to a world rank (identity for group.WORLD)."""
+    if group is WORLD:
+        return group_rank
+    return colls.get_global_rank(group, group_rank)
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:
+    """Translate world rank ``global_rank`` to its rank in ``group`` (identity for WORLD)."""
+    if group is WORLD:
+        return global_rank
+    return colls.get_group_rank(group, global_rank)
+
+
+def get_process_group_ranks(group: Any) -> list[int]:
+    """Return the world ranks of ``group``'s members, in group-rank order."""
+    return colls.get_process_group_ranks(group)
+
+
+__all__ = [
+    "Backend",
+    "GroupMember",
+    "destroy_process_group",
+    "get_backend",
+    "get_global_rank",
+    "get_group_rank",
+    "get_node_local_rank",
+    "get_process_group_ranks",
+    "get_rank",
+    "get_world_size",
+    "group",
+    "init_process_group",
+    "is_available",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "is_xccl_available",
+    "member",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "resolve",
+]

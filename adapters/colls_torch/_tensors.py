@@ -1,0 +1,125 @@
+"""Tensor arguments: torch's type checks, and the hand-over of tensors to colls.
+
+colls imports a CPU tensor through DLPack without copying (bfloat16 included). Two things need
+care on the way in, and :class:`Staging` handles both:
+
+* A tensor that requires grad (a ``Parameter``) cannot be exported through DLPack; torch's
+  collectives accept it and write into its storage, so colls gets ``tensor.detach()``, which
+  shares that storage.
+* A CUDA tensor on a transport that only moves host memory (tcp, mpi) is staged: colls works on
+  a host copy, and the results are copied back (``copy_``) when the operation completes, before
+  its Work does. With a CUDA-capable transport (nccl) the tensor is passed as is.
+
+The checks raise what torch raises: TypeError for a non-tensor, ValueError for mixed dtypes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+def check_single_tensor(param: Any, param_name: str) -> None:
+    """Raise torch's TypeError unless ``param`` is a tensor."""
+    if not isinstance(param, torch.Tensor):
+        raise TypeError(
+            f"Invalid function argument. Expected parameter `{param_name}` of type torch.Tensor "
+            f"but got {type(param)} instead."
+        )
+
+
+def check_tensor_list(param: Any, param_name: str) -> None:
+    """Raise torch's TypeError unless ``param`` is a list of tensors."""
+    if not isinstance(param, list):
+        raise TypeError(
+            f"Invalid function argument. Expected parameter `{param_name}` of type "
+            f"List[torch.Tensor] but got {type(param)} instead."
+        )
+    if not all(isinstance(p, torch.Tensor) for p in param):
+        raise TypeError(
+            f"Invalid function argument. Expected parameter `{param_name}` of type "
+            f"List[torch.Tensor] but got {type(param)} with elements of type "
+            f"{[type(p) for p in param]}."
+        )
+
+
+def _flatten(items: Iterable[Any]) -> Iterable[torch.Tensor]:
+    return itertools.chain.from_iterable(i if isinstance(i, list) else (i,) for i in items)
+
+
+def ensure_same_dtype(*tensors: Any) -> None:
+    """Raise torch's ValueError if the tensors (or lists of tensors) mix dtypes.
+
+    As in torch, a complex tensor and its real element type count as the same.
+    """
+    last: torch.dtype | None = None
+    for tensor in _flatten(tensors):
+        dtype = tensor.dtype
+        if dtype.is_complex:
+            dtype = torch.float32 if dtype == torch.complex64 else torch.float64
+        if last is None:
+            last = dtype
+        elif last != dtype:
+            raise ValueError(
+                f"Invalid usage of tensors with different dtypes: found {last} and {tensor.dtype}"
+            )
+
+
+class Staging:
+    """Turn caller tensors into what colls moves; copy staged results back at the end.
+
+    Args:
+        devices: the devices the colls backend moves ("cpu", "cuda"); CUDA tensors are staged
+            through host memory unless "cuda" is among them.
+    """
+
+    def __init__(self, devices: tuple[str, ...] | list[str]) -> None:
+        self._cuda_native = "cuda" in devices
+        self._copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _plain(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach() if tensor.requires_grad else tensor
+
+    def _needs_host(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type != "cpu" and not (
+            tensor.device.type == "cuda" and self._cuda_native
+        )
+
+    def source(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return what colls reads for an input-only tensor."""
+        tensor = self._plain(tensor)
+        return tensor.cpu() if self._needs_host(tensor) else tensor
+
+    def target(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return what colls writes for an output (or in-place) tensor; copied back at finish."""
+        tensor = self._plain(tensor)
+        if not self._needs_host(tensor):
+            return tensor
+        host = tensor.cpu()
+        self._copy_back.append((tensor, host))
+        return host
+
+    def sources(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Apply :meth:`source` to each tensor."""
+        return [self.source(t) for t in tensors]
+
+    def targets(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Apply :meth:`target` to each tensor."""
+        return [self.target(t) for t in tensors]
+
+    @property
+    def staged(self) -> bool:
+        """Whether anything must be copied back."""
+        return bool(self._copy_back)
+
+    def finish(self, result: Any = None) -> Any:
+        """Copy staged results into the caller's tensors; return ``result`` unchanged."""
+        for device_tensor, host in self._copy_back:
+            device_tensor.copy_(host)
+        return result
+
+
+__all__ = ["Staging", "check_single_tensor", "check_tensor_list", "ensure_same_dtype"]

@@ -1,0 +1,58 @@
+"""colls_torch over other colls transports and devices: mpi (under mpiexec) and CUDA staging.
+
+Both run only where possible here; otherwise they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import colls  # noqa: E402
+
+HERE = Path(__file__).parent
+MPI_PROCS = 2
+
+
+def _mpi_skip_reason() -> str | None:
+    reason = colls.available_backends().get("mpi", "colls has no mpi backend")
+    if reason is not None:
+        return f"colls' mpi backend is unavailable: {reason}"
+    if shutil.which("mpiexec") is None and not (Path(sys.executable).parent / "mpiexec").exists():
+        return "mpiexec was not found"
+    return None
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(_mpi_skip_reason() is not None, reason=str(_mpi_skip_reason()))
+def test_dropin_over_mpi():
+    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(HERE), os.environ.get("PYTHONPATH", "")])}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        env.pop(name, None)  # the mpi backend finds the world through MPI itself
+    proc = subprocess.run([mpiexec, "-n", str(MPI_PROCS), sys.executable,
+                           str(HERE / "ct_mpi_script.py")], env=env, capture_output=True,
+                          text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("OK "))
+    assert [line.split()[1] for line in lines] == [str(r) for r in range(MPI_PROCS)], proc.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the host "
+                    "staging path of CUDA tensors cannot run")
+@pytest.mark.timeout(120)
+def test_cuda_tensors_are_staged_through_host_memory():
+    from ct_pool import run_fresh
+
+    import ct_cuda
+
+    for out in run_fresh(ct_cuda.staged_collectives, 2):
+        assert out == "ok", out

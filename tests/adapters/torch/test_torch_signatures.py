@@ -1,0 +1,87 @@
+"""colls_torch has torch.distributed's names, with the same signatures (names, order, defaults).
+
+Annotations are not compared (torch's mention its own ProcessGroup type); parameter names,
+kinds, order and default values are.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as T  # noqa: E402
+
+import colls_torch as C  # noqa: E402
+
+#: Every function the issue lists, plus the torch 2.x extras colls_torch covers.
+FUNCTIONS = """
+init_process_group destroy_process_group is_initialized is_available get_rank get_world_size
+get_backend new_group new_subgroups new_subgroups_by_enumeration get_global_rank get_group_rank
+get_process_group_ranks all_reduce broadcast reduce all_gather all_gather_into_tensor
+all_gather_single gather scatter reduce_scatter reduce_scatter_tensor reduce_scatter_single
+all_to_all all_to_all_single barrier monitored_barrier send recv isend irecv batch_isend_irecv
+all_gather_object broadcast_object_list gather_object scatter_object_list send_object_list
+recv_object_list is_mpi_available is_nccl_available is_gloo_available is_backend_available
+is_ucc_available is_xccl_available is_torchelastic_launched get_node_local_rank
+all_reduce_coalesced all_gather_coalesced register_rendezvous_handler
+""".split()
+CLASSES_AND_OBJECTS = """
+P2POp ReduceOp reduce_op Backend group GroupMember Work Store TCPStore FileStore HashStore
+PrefixStore DistError DistBackendError DistNetworkError DistStoreError default_pg_timeout
+""".split()
+#: The torch 1.x *_multigpu signatures (gone from torch 2.x), which colls keeps.
+MULTIGPU = {
+    "all_reduce_multigpu": "(tensor_list, op=<RedOpType.SUM: 0>, group=None, async_op=False)",
+    "broadcast_multigpu": "(tensor_list, src, group=None, async_op=False, src_tensor=0)",
+    "reduce_multigpu": "(tensor_list, dst, op=<RedOpType.SUM: 0>, group=None, async_op=False, "
+                       "dst_tensor=0)",
+    "all_gather_multigpu": "(output_tensor_lists, input_tensor_list, group=None, async_op=False)",
+    "reduce_scatter_multigpu": "(output_tensor_list, input_tensor_lists, op=<RedOpType.SUM: 0>, "
+                               "group=None, async_op=False)",
+}
+
+
+def _shape(func: object) -> list[tuple[str, object, object]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_function_signature_matches_torch(name):
+    assert name in C.__all__
+    assert _shape(getattr(C, name)) == _shape(getattr(T, name)), (
+        f"{name}: colls_torch{inspect.signature(getattr(C, name))} != "
+        f"torch{inspect.signature(getattr(T, name))}")
+
+
+def test_p2pop_constructor_matches_torch():
+    assert _shape(C.P2POp.__init__) == _shape(T.P2POp.__init__)
+
+
+@pytest.mark.parametrize("name", CLASSES_AND_OBJECTS)
+def test_name_is_exported(name):
+    assert name in C.__all__ and getattr(C, name) is not None
+
+
+def test_reduce_ops_are_torchs_own_objects():
+    assert C.ReduceOp is T.ReduceOp and C.reduce_op is T.reduce_op
+    assert C.DistBackendError is T.DistBackendError and C.DistStoreError is T.DistStoreError
+
+
+def test_work_is_a_torch_work():
+    assert issubclass(C.Work, T.Work)
+
+
+@pytest.mark.parametrize("name", sorted(MULTIGPU))
+def test_multigpu_signatures_are_torch_1x(name):
+    signature = inspect.signature(getattr(C, name))
+    plain = signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                          for p in signature.parameters.values()],
+                              return_annotation=inspect.Signature.empty)
+    assert str(plain) == MULTIGPU[name]
+
+
+def test_all_names_resolve():
+    missing = [n for n in C.__all__ if not hasattr(C, n)]
+    assert not missing
