@@ -131,22 +131,27 @@ def _wait(
     """Wait for mpiexec to exit; return None, or why the job is about to be killed."""
     deadline = time.monotonic() + timeout
     reason = f"did not finish within {timeout:.0f} s; killed"
+    succeeded: set[int] = set()
     while proc.poll() is None:
         now = time.monotonic()
         if now > deadline:
             return reason
-        if deadline - now > FAILURE_GRACE and _some_rank_failed(directory, n):
+        if deadline - now > FAILURE_GRACE and _some_rank_failed(directory, n, succeeded):
             deadline = now + FAILURE_GRACE
             reason = f"still running {FAILURE_GRACE:.0f} s after another rank failed; killed"
         time.sleep(POLL_INTERVAL)
     return None
 
 
-def _some_rank_failed(directory: Path, n: int) -> bool:
+def _some_rank_failed(directory: Path, n: int, succeeded: set[int]) -> bool:
+    """Return whether a rank reported a failure (``succeeded``: ranks known to have succeeded)."""
     for rank in range(n):
         path = result_file(directory, rank)
-        if path.exists() and _load(path)[0] != "ok":
+        if rank in succeeded or not path.exists():
+            continue
+        if _load(path)[0] != "ok":
             return True
+        succeeded.add(rank)
     return False
 
 

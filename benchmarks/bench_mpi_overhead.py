@@ -1,0 +1,236 @@
+"""What colls adds on top of MPI: raw mpi4py vs colls-over-mpi, side by side in one run.
+
+Both sides run in the same MPI processes on the same buffers, interleaved call by call (raw,
+colls, raw, colls, ...), so machine noise hits both alike. Every timed call is preceded by a
+barrier; a call's time is the slowest rank's, and each row reports the median over iterations.
+
+    python benchmarks/bench_mpi_overhead.py                 # driver: mpiexec -n 2, then -n 4
+    python benchmarks/bench_mpi_overhead.py --sizes 2 4 --max-bytes 1M
+    mpiexec -n 4 python benchmarks/bench_mpi_overhead.py --worker   # one world size
+    python benchmarks/bench_mpi_overhead.py --breakdown     # where colls' 8-byte time goes
+
+Ops: all_reduce (float32 SUM, in place), broadcast (root 0), all_gather (``size`` bytes per
+rank into one flat output: ``all_gather_into_tensor`` vs ``Allgather``). Sizes are per rank,
+8 B to 64 MiB. Targets (issue 5): colls adds at most 10 % at >= 1 MiB and at most 15 us per
+call at 8 B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+DEFAULT_SIZES: Final = (8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288,
+                        1 << 20, 4 << 20, 16 << 20, 64 << 20)  # fmt: skip
+OPS: Final = ("all_reduce", "broadcast", "all_gather")
+#: Iterations per size: enough calls for a stable median, bounded in bytes moved.
+MAX_ITERS: Final = 2000
+MIN_ITERS: Final = 8
+BYTES_PER_SIZE: Final = 256 << 20
+WARMUP: Final = 3
+#: Wall-clock budget per (op, size) pair: bounds a run on a slow or crowded machine.
+SECONDS_PER_SIZE: Final = 3.0
+_UNITS: Final = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse "8", "4K", "64M" into bytes."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in _UNITS:
+        return int(float(text[:-1]) * _UNITS[text[-1]])
+    return int(text)
+
+
+def show_bytes(n: int) -> str:
+    """Return 8 B, 2 KiB, 64 MiB."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def iterations(nbytes: int) -> int:
+    """Return how many timed calls to make at ``nbytes``."""
+    return max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_SIZE // max(nbytes, 1)))
+
+
+def _callables(op: str, nbytes: int, comm: Any, MPI: Any) -> tuple[Callable[[], Any], ...]:
+    """Return (raw mpi4py call, colls call) for ``op`` at ``nbytes``, on shared buffers."""
+    import colls
+
+    count = max(1, nbytes // 4)
+    if op == "all_reduce":
+        buf = np.ones(count, dtype=np.float32)
+        return (lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM),
+                lambda: colls.all_reduce(buf))
+    if op == "broadcast":
+        buf = np.ones(count, dtype=np.float32)
+        return (lambda: comm.Bcast(buf, root=0), lambda: colls.broadcast(buf, src=0))
+    if op == "all_gather":
+        send = np.ones(count, dtype=np.float32)
+        recv = np.empty(count * comm.Get_size(), dtype=np.float32)
+        return (lambda: comm.Allgather(send, recv),
+                lambda: colls.all_gather_into_tensor(recv, send))
+    raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
+
+
+def measure(op: str, nbytes: int, comm: Any, MPI: Any) -> tuple[float, float]:
+    """Return the median of the slowest rank's time (seconds) for (raw, colls)."""
+    raw, via_colls = _callables(op, nbytes, comm, MPI)
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(WARMUP):
+        raw()
+        via_colls()
+    # Agree on an iteration count that fits the time budget (every rank must make as many calls).
+    per_iteration = np.array([(time.perf_counter() - start) / WARMUP])
+    comm.Allreduce(MPI.IN_PLACE, per_iteration, MPI.MAX)
+    n = max(MIN_ITERS, min(iterations(nbytes), int(SECONDS_PER_SIZE / per_iteration[0])))
+    times = np.empty((2, n))
+    for i in range(n):
+        for side, call in enumerate((raw, via_colls)):
+            comm.Barrier()
+            start = time.perf_counter()
+            call()
+            times[side, i] = time.perf_counter() - start
+    comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def worker(sizes: list[int], ops: list[str]) -> None:
+    """Run every (op, size) in this MPI job and print the table on rank 0."""
+    from mpi4py import MPI
+
+    import colls
+
+    colls.init_process_group("mpi")
+    comm = MPI.COMM_WORLD.Dup()
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if rank == 0:
+        print(f"\n## {n} ranks ({MPI.Get_library_version().splitlines()[0].strip()})")
+        print("| op | size | raw mpi4py (us) | colls (us) | ratio | added (us) |")
+        print("|---|---:|---:|---:|---:|---:|")
+    for op in ops:
+        for nbytes in sizes:
+            raw, via_colls = measure(op, nbytes, comm, MPI)
+            if rank == 0:
+                print(f"| {op} | {show_bytes(nbytes)} | {raw * 1e6:.1f} | {via_colls * 1e6:.1f} "
+                      f"| {via_colls / raw:.3f} | {(via_colls - raw) * 1e6:+.1f} |", flush=True)
+    comm.Free()
+    colls.destroy_process_group()
+
+
+def _per_call(call: Callable[[], Any], comm: Any, calls: int = 20000) -> float:
+    """Return the mean seconds per call of ``call`` over ``calls`` calls (best of 3 rounds)."""
+    best = float("inf")
+    for _ in range(3):
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def _prepare_and_finish(spec: Any, buf: np.ndarray) -> None:
+    spec.prepare(buf)
+    spec.finish(buf, 2)
+
+
+def breakdown() -> None:
+    """Time each layer of one 8-byte all_reduce, and the core's local steps, on rank 0."""
+    from mpi4py import MPI
+
+    import colls
+    from colls import _dispatch as d
+    from colls.reduce_ops import ReduceOp
+
+    colls.init_process_group("mpi")
+    comm = MPI.COMM_WORLD.Dup()
+    pg = d.default_group()
+    buf = np.ones(2, dtype=np.float32)
+    imported = d.buffer(buf, arg="tensor", op="all_reduce", writable=True)
+    spec = d.reduce_spec(ReduceOp.SUM, imported, op_name="all_reduce")
+
+    def nonblocking() -> None:
+        request = comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM)
+        while not request.Test():
+            pass
+
+    rows = [
+        ("raw mpi4py Allreduce (blocking)", lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)),
+        ("raw mpi4py Iallreduce + Test loop", nonblocking),
+        ("MpiBackend.all_reduce (no core)", lambda: pg.backend.all_reduce(buf, spec, -1)),
+        ("colls.all_reduce (everything)", lambda: colls.all_reduce(buf)),
+        ("core: resolve_group", lambda: d.resolve_group(None)),
+        ("core: import the array (as_buffer)",
+         lambda: d.buffer(buf, arg="tensor", op="all_reduce", writable=True)),
+        ("core: check the op (reduce_spec)",
+         lambda: d.reduce_spec(ReduceOp.SUM, imported, op_name="all_reduce")),
+        ("core: submit a no-op job (tag, health, executor)",
+         lambda: d.submit(pg, "all_reduce", lambda tag: None, async_op=False)),
+        ("core: ReduceSpec.prepare + finish", lambda: _prepare_and_finish(spec, buf)),
+    ]
+    results = [(name, _per_call(call, comm)) for name, call in rows]
+    if comm.Get_rank() == 0:
+        print(f"\n## per-call breakdown, 8-byte float32 all_reduce, {comm.Get_size()} ranks")
+        print("| step | us per call |")
+        print("|---|---:|")
+        for name, seconds in results:
+            print(f"| {name} | {seconds * 1e6:.2f} |")
+    comm.Free()
+    colls.destroy_process_group()
+
+
+def driver(world_sizes: list[int], passthrough: list[str]) -> int:
+    """Launch one mpiexec job per world size; return the first non-zero exit status."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    launcher = str(mpiexec) if mpiexec.exists() else "mpiexec"
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "RANK", "WORLD_SIZE")}
+    for n in world_sizes:
+        command = [launcher, "-n", str(n), sys.executable, __file__, "--worker", *passthrough]
+        status = subprocess.call(command, env=env)
+        if status:
+            return status
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and run the driver or one worker."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true",
+                        help="run inside mpiexec (default: launch mpiexec for each --sizes)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4],
+                        help="world sizes the driver launches (default: 2 4)")
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    parser.add_argument("--max-bytes", default="64M", help="largest message (default 64M)")
+    parser.add_argument("--min-bytes", default="8", help="smallest message (default 8)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time the layers of an 8-byte all_reduce instead of the sweep")
+    args = parser.parse_args(argv)
+    low, high = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    sizes = [s for s in DEFAULT_SIZES if low <= s <= high]
+    if args.worker:
+        if args.breakdown:
+            breakdown()
+        else:
+            worker(sizes, args.ops)
+        return 0
+    passthrough = ["--ops", *args.ops, "--max-bytes", args.max_bytes,
+                   "--min-bytes", args.min_bytes]
+    if args.breakdown:
+        return driver([2], ["--breakdown"])
+    return driver(args.sizes, passthrough)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""MpiBackend: every colls collective as the native MPI call, through mpi4py.
+
+One backend serves one group and owns one MPI communicator for it: a ``Dup`` of
+``MPI_COMM_WORLD`` for a group of every rank, else ``COMM_WORLD.Create_group`` over the group's
+world ranks (collective over the members only, which is exactly who creates the backend). A
+second ``Dup`` carries colls' internal point-to-point (negative tags, such as monitored_barrier's),
+so users keep MPI's whole tag range. Both are freed by :meth:`MpiBackend.close`.
+
+Collectives are started with the nonblocking MPI call (``Iallreduce``, ``Ibcast``, ...) and the
+calling thread tests the request until it completes (yielding the CPU between tests after the
+first few, as MPI's own blocking wait does): that progresses like the blocking call but lets the
+group's timeout apply. A collective that times out leaves the communicator
+unusable (MPI cannot cancel a collective), so the backend then refuses further work with an
+error saying so. Point-to-point requests complete on a :class:`~.progress.Progress` thread.
+
+CUDA arrays (CuPy) go to MPI directly when :func:`~.runtime.cuda_aware` says the library accepts
+device memory; otherwise they are staged through host memory, never handed to an MPI that would
+dereference a device pointer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from colls.backend import Backend
+from colls.errors import BackendError, CollsTimeoutError
+from colls.work import Work
+from colls_plugins.mpi import runtime
+from colls_plugins.mpi.communicators import check_ranks, communicator
+from colls_plugins.mpi.datatypes import ReductionTable
+from colls_plugins.mpi.progress import (
+    YIELD_AFTER_TESTS,
+    DrivenFuture,
+    Pending,
+    Progress,
+    test_once,
+)
+from colls_plugins.mpi.staging import (
+    copy_back_when_done,
+    host_staged,
+    is_device_array,
+    synchronize_device,
+)
+
+if TYPE_CHECKING:
+    from colls.options import BackendOptions
+    from colls.reduce_ops import ReduceSpec
+    from colls.store.base import Store
+
+#: Seconds close() waits for a collective still running on the group's executor thread
+#: before leaving the communicator to MPI_Finalize instead of freeing it under the collective.
+CLOSE_WAIT: Final = 5.0
+
+_tables: dict[int, ReductionTable] = {}
+_live: weakref.WeakSet[MpiBackend] = weakref.WeakSet()
+#: Requests MPI may still write into after their group gave up on them (a timed-out collective,
+#: a receive cancelled at close): they and their buffers stay referenced until exit.
+_abandoned: list[Any] = []
+
+
+def _reduction_table(MPI: Any) -> ReductionTable:
+    table = _tables.get(id(MPI))
+    if table is None:
+        table = _tables.setdefault(id(MPI), ReductionTable(MPI))
+    return table
+
+
+@atexit.register
+def _stop_progress_threads() -> None:
+    """Stop every progress thread before mpi4py finalises MPI (it does so after atexit)."""
+    for backend in list(_live):
+        backend._progress.close("the process is exiting")
+
+
+class MpiBackend(Backend):
+    """colls over MPI: native MPI collectives, nonblocking point-to-point with tags.
+
+    Args:
+        store: the group's store (unused: MPI brings its own rendezvous).
+        rank: this process's rank in the group.
+        world_size: the group size.
+        options: the group's options; ``global_ranks`` are the members' MPI_COMM_WORLD ranks
+            (colls requires world rank == MPI rank).
+
+    Raises:
+        BackendUnavailableError: MPI cannot be loaded or lacks MPI_THREAD_MULTIPLE.
+        ValueError: this process's colls rank or world size disagrees with MPI_COMM_WORLD.
+    """
+
+    devices: tuple[str, ...] = ("cpu",)
+
+    def __init__(
+        self, store: Store, rank: int, world_size: int, options: BackendOptions
+    ) -> None:
+        super().__init__(store, rank, world_size, options)
+        MPI = runtime.initialized_mpi()
+        self._MPI = MPI
+        self._BYTE = MPI.BYTE
+        self._IN_PLACE = MPI.IN_PLACE
+        self._where = f"group {options.group_name!r} (rank {rank} of {world_size})"
+        check_ranks(MPI, rank, world_size, options)
+        self._comm = communicator(MPI, options.global_ranks)
+        self._internal = self._comm.Dup()
+        self._tag_ub = int(self._comm.Get_attr(MPI.TAG_UB))
+        self._reductions = _reduction_table(MPI)
+        self.cuda_aware = runtime.cuda_aware()
+        self.devices = ("cpu", "cuda") if self.cuda_aware else ("cpu",)
+        self._progress = Progress(options.group_name, MPI.Status)
+        self._collective_lock = threading.Lock()
+        self._broken: str | None = None
+        self._closed = False
+        _live.add(self)
+
+    # -- point-to-point ----------------------------------------------------------------------
+
+    @host_staged(outputs=())
+    def isend(self, array: Any, dst: int, tag: int) -> Work:
+        """Start ``MPI_Isend`` of ``array``'s bytes to group rank ``dst``.
+
+        Raises:
+            ValueError: ``dst`` is out of range or ``tag`` exceeds MPI_TAG_UB.
+            BackendError: the backend is closed or broken, or MPI refused the send.
+        """
+        what = f"isend to rank {dst} with tag {tag}"
+        self._check_peer(dst, "dst", what)
+        comm, mpi_tag = self._route(tag, what)
+        try:
+            request = comm.Isend([array, self._BYTE], dst, mpi_tag)
+        except self._MPI.Exception as exc:
+            raise self._failure(what, exc) from exc
+        return self._track(request, array, what, _sent, self._p2p_failure(what, array.nbytes))
+
+    def irecv(self, array: Any, src: int | None, tag: int) -> Work:
+        """Start ``MPI_Irecv`` into ``array`` from ``src`` (None: ``MPI_ANY_SOURCE``).
+
+        The Work's result is the sender's group rank (from the MPI status). A message of
+        another size fails the Work with a BackendError naming both sizes.
+        """
+        if is_device_array(array):
+            synchronize_device()  # the caller's stream may still use the buffer
+            if not self.cuda_aware:
+                host = array.get()
+                return copy_back_when_done(self.irecv(host, src, tag), array, host)
+        what = f"irecv from {'any rank' if src is None else f'rank {src}'} with tag {tag}"
+        if src is not None:
+            self._check_peer(src, "src", what)
+        comm, mpi_tag = self._route(tag, what)
+        source = self._MPI.ANY_SOURCE if src is None else src
+        try:
+            request = comm.Irecv([array, self._BYTE], source, mpi_tag)
+        except self._MPI.Exception as exc:
+            raise self._failure(what, exc) from exc
+        expected = array.nbytes
+        return self._track(
+            request, array, what, functools.partial(self._received, what, expected),
+            self._p2p_failure(what, expected),
+        )
+
+    def _track(self, request: Any, array: Any, what: str, finish: Callable[[Any], Any],
+               describe: Callable[[Exception, Any], BaseException]) -> Work:
+        future = DrivenFuture(self._MPI.Status)
+        work = Work(future, description=f"mpi {what} on {self._where}",
+                    default_timeout=self.timeout)
+        item = future.item = Pending(request, work, array, finish, describe)
+        if not test_once(item, self._MPI.Status()):
+            self._progress.add(item)
+        return work
+
+    def _received(self, what: str, expected: int, status: Any) -> int:
+        count = status.Get_count(self._BYTE)
+        source = status.Get_source()
+        if count != expected:
+            raise BackendError(
+                f"mpi {what} on {self._where}: the message from rank {source} has {count} "
+                f"bytes but the receive buffer has {expected} bytes"
+            )
+        return source
+
+    def _p2p_failure(self, what: str, nbytes: int) -> Callable[[Exception, Any], BaseException]:
+        def describe(exc: Exception, status: Any) -> BaseException:
+            MPI = self._MPI
+            if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+                error = BackendError(
+                    f"mpi {what} on {self._where}: the message from rank "
+                    f"{status.Get_source()} is larger than the {nbytes}-byte receive buffer "
+                    f"(MPI: {_mpi_text(exc)})"
+                )
+            else:
+                error = self._failure(what, exc)
+            error.__cause__ = exc
+            return error
+
+        return describe
+
+    def _route(self, tag: int, what: str) -> tuple[Any, int]:
+        """Return the communicator and MPI tag for a colls tag (negative: colls-internal)."""
+        self._check_usable(what)
+        if tag >= 0:
+            if tag > self._tag_ub:
+                raise ValueError(
+                    f"mpi {what} on {self._where}: tag {tag} exceeds MPI_TAG_UB "
+                    f"({self._tag_ub}) of this MPI library"
+                )
+            return self._comm, tag
+        return self._internal, (-1 - tag) % (self._tag_ub + 1)
+
+    def _check_peer(self, peer: int, name: str, what: str) -> None:
+        if isinstance(peer, bool) or not isinstance(peer, int):
+            raise TypeError(f"mpi {what}: {name} must be an int, got {type(peer).__name__}")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(
+                f"mpi {what} on {self._where}: {name}={peer} is out of range "
+                f"0..{self.world_size - 1}"
+            )
+
+    # -- collectives -------------------------------------------------------------------------
+
+    @host_staged()
+    def all_reduce(self, array: Any, op: ReduceSpec, tag: int) -> None:
+        """``MPI_Iallreduce`` in place."""
+        datatype, mpi_op = self._reductions.lookup(op)
+        self._collective("all_reduce", self._comm.Iallreduce,
+                         self._IN_PLACE, [array, datatype], mpi_op)
+
+    @host_staged()
+    def broadcast(self, array: Any, root: int, tag: int) -> None:
+        """``MPI_Ibcast`` of ``array``'s bytes from ``root``."""
+        self._collective("broadcast", self._comm.Ibcast, [array, self._BYTE], root)
+
+    @host_staged()
+    def reduce(self, array: Any, root: int, op: ReduceSpec, tag: int) -> None:
+        """``MPI_Ireduce``: in place at the root; other ranks' arrays are only read."""
+        datatype, mpi_op = self._reductions.lookup(op)
+        if self.rank == root:
+            send, recv = self._IN_PLACE, [array, datatype]
+        else:
+            send, recv = [array, datatype], None
+        self._collective("reduce", self._comm.Ireduce, send, recv, mpi_op, root)
+
+    @host_staged(arrays=(0, 1))
+    def all_gather(self, output: Any, input: Any, tag: int) -> None:
+        """``MPI_Iallgather`` of equal byte blocks."""
+        self._collective("all_gather", self._comm.Iallgather,
+                         [input, self._BYTE], [output, self._BYTE])
+
+    @host_staged(arrays=(0, 1))
+    def gather(self, output: Any | None, input: Any, root: int, tag: int) -> None:
+        """``MPI_Igather`` to ``root`` (``output`` is None elsewhere)."""
+        recv = None if output is None else [output, self._BYTE]
+        self._collective("gather", self._comm.Igather, [input, self._BYTE], recv, root)
+
+    @host_staged(arrays=(0, 1))
+    def scatter(self, output: Any, input: Any | None, root: int, tag: int) -> None:
+        """``MPI_Iscatter`` from ``root`` (``input`` is None elsewhere)."""
+        send = None if input is None else [input, self._BYTE]
+        self._collective("scatter", self._comm.Iscatter, send, [output, self._BYTE], root)
+
+    @host_staged(arrays=(0, 1))
+    def reduce_scatter(self, output: Any, input: Any, op: ReduceSpec, tag: int) -> None:
+        """``MPI_Ireduce_scatter_block``: rank r gets the reduction of block r."""
+        datatype, mpi_op = self._reductions.lookup(op)
+        self._collective("reduce_scatter", self._comm.Ireduce_scatter_block,
+                         [input, datatype], [output, datatype], mpi_op)
+
+    @host_staged(arrays=(0, 1))
+    def all_to_all(self, output: Any, input: Any, output_splits: Sequence[int],
+                   input_splits: Sequence[int], tag: int) -> None:
+        """``MPI_Ialltoallv`` with the splits (elements) turned into byte counts and offsets."""
+        send = [input, _counts_and_displacements(input_splits, input.itemsize), self._BYTE]
+        recv = [output, _counts_and_displacements(output_splits, output.itemsize), self._BYTE]
+        self._collective("all_to_all", self._comm.Ialltoallv, send, recv)
+
+    def barrier(self, tag: int) -> None:
+        """``MPI_Ibarrier``."""
+        self._collective("barrier", self._comm.Ibarrier)
+
+    def _collective(self, what: str, start: Callable[..., Any], *args: Any) -> None:
+        """Start one nonblocking collective and test it until done, aborted or timed out."""
+        with self._collective_lock:
+            if self._broken is not None or self._closed:
+                self._check_usable(what)
+            try:
+                request = start(*args)
+                test = request.Test
+                if test():
+                    return
+                deadline = time.monotonic() + self.timeout
+                spins = 0
+                while not test():
+                    spins += 1
+                    if spins > YIELD_AFTER_TESTS:
+                        os.sched_yield()  # lets a descheduled peer run on a crowded host
+                    if self._broken is not None or time.monotonic() > deadline:
+                        self._give_up(what, request, args)
+            except self._MPI.Exception as exc:
+                raise self._failure(what, exc) from exc
+
+    def _give_up(self, what: str, request: Any, buffers: tuple[Any, ...]) -> None:
+        """Abandon a collective that cannot finish (MPI cannot cancel one) and raise why."""
+        _abandoned.append((request, buffers))
+        if self._broken is not None:
+            raise BackendError(f"mpi {what} on {self._where} was aborted: {self._broken}")
+        self._broken = f"an earlier {what} did not complete within {self.timeout:.1f} s"
+        raise CollsTimeoutError(
+            f"mpi {what} on {self._where} did not complete within {self.timeout:.1f} s "
+            "(a rank of the group did not call it, or called another collective); MPI cannot "
+            "cancel a collective, so this group is unusable now: destroy it"
+        )
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _check_usable(self, what: str) -> None:
+        if self._closed:
+            raise BackendError(f"mpi {what} on {self._where}: the backend has been closed")
+        if self._broken is not None:
+            raise BackendError(
+                f"mpi {what} on {self._where}: the group is unusable because {self._broken}"
+            )
+
+    def _failure(self, what: str, exc: Exception) -> BackendError:
+        return BackendError(f"mpi {what} on {self._where} failed: {_mpi_text(exc)}")
+
+    def abort(self, error: BaseException) -> None:
+        """Fail everything pending now: the group is broken (colls.health calls this).
+
+        A collective being tested on another thread gives up at its next test; pending
+        point-to-point Works fail with ``error``; later calls raise at once.
+        """
+        if self._broken is None:
+            self._broken = f"the group was aborted ({error})"
+        for item in self._progress.close(str(error)):
+            _cancel(item)
+
+    def close(self) -> None:
+        """Fail pending point-to-point Works, cancel pending receives, free the communicators.
+
+        Idempotent. A collective still running on another thread gets :data:`CLOSE_WAIT`
+        seconds; after that the communicators are left for MPI_Finalize rather than freed
+        under it.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        _live.discard(self)
+        left = self._progress.close(f"mpi backend of {self._where} was closed")
+        for item in left:
+            _cancel(item)
+        if self._MPI.Is_finalized():
+            return
+        if not self._collective_lock.acquire(timeout=CLOSE_WAIT):
+            return
+        try:
+            for comm in (self._internal, self._comm):
+                comm.Free()
+        finally:
+            self._collective_lock.release()
+
+    def __repr__(self) -> str:
+        return f"<MpiBackend {self._where}>"
+
+
+def _sent(_status: Any) -> None:
+    return None
+
+
+def _mpi_text(exc: Exception) -> str:
+    """Return MPI's error text on one line: the class, and the innermost frame of a stack.
+
+    MPICH reports "Message truncated, error stack:" followed by one line per internal call, the
+    last being the specific one ("MPIDIG_recv_type_init(74): Message from rank 0 and tag 4
+    truncated; 32 bytes received but buffer size is 8").
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    head = lines[0].removesuffix("error stack:").rstrip(" ,")
+    innermost = lines[-1].split("): ", 1)[-1] if len(lines) > 1 else head
+    return head if innermost == head else f"{head}: {innermost}"
+
+
+def _counts_and_displacements(splits: Sequence[int], itemsize: int) -> tuple[list[int], list[int]]:
+    counts = [int(n) * itemsize for n in splits]
+    return counts, [0, *itertools.accumulate(counts)][:-1]
+
+
+def _cancel(item: Pending) -> None:
+    """Cancel a pending receive left at close; keep it (and its buffer) alive regardless."""
+    _abandoned.append(item)
+    with item.lock:  # a waiting thread may be testing it
+        if item.done:
+            return
+        try:
+            item.request.Cancel()
+        except Exception:  # a send: cancelling sends is deprecated in MPI 4
+            pass

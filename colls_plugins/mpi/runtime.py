@@ -1,0 +1,158 @@
+"""Loading and initialising MPI through mpi4py, lazily, and what the loaded MPI can do.
+
+Nothing here runs at import: the plugin module must stay cheap, and merely listing backends
+(``colls.available_backends()``) must not start MPI. So :func:`unavailable_reason` imports
+``mpi4py.MPI`` *without* initialising it (mpi4py's ``rc.initialize = False``), which proves that
+mpi4py is installed and that libmpi loads; :func:`initialized_mpi` initialises MPI with
+``MPI_THREAD_MULTIPLE`` when a group is actually created (or the world is asked for), and asks
+mpi4py to finalise it at exit as it would have done itself. An MPI that the application already
+initialised (``from mpi4py import MPI`` before colls) is used as it is, provided its thread level
+is ``MPI_THREAD_MULTIPLE``: colls calls MPI from the group's executor thread and from the
+backend's progress thread at the same time as from the caller's.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Final
+
+from colls import env
+from colls.errors import BackendUnavailableError
+
+#: What ``pip install`` brings the mpi extra (mpi4py plus the MPICH wheel).
+INSTALL_HINT: Final = "pip install 'colls[mpi]'"
+_THREAD_LEVEL_NAMES: Final = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
+                              "MPI_THREAD_SERIALIZED", "MPI_THREAD_MULTIPLE")
+#: Words in the MPI-4.1 ``mpi_memory_alloc_kinds`` info value that mean CUDA device memory.
+_CUDA_KINDS: Final = ("cuda", "cuda:device")
+
+_lock = threading.Lock()
+
+
+def _thread_level_name(level: int) -> str:
+    if 0 <= level < len(_THREAD_LEVEL_NAMES):
+        return _THREAD_LEVEL_NAMES[level]
+    return f"thread level {level}"
+
+
+def _import_mpi() -> Any:
+    """Import ``mpi4py.MPI`` without initialising MPI (if nobody has imported it yet).
+
+    Raises:
+        BackendUnavailableError: mpi4py is missing or libmpi cannot be loaded.
+    """
+    loaded = sys.modules.get("mpi4py.MPI")
+    if loaded is not None:
+        return loaded
+    try:
+        import mpi4py
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"mpi: mpi4py is not installed ({INSTALL_HINT}): {exc}"
+        ) from exc
+    rc = mpi4py.rc
+    saved = (rc.initialize, rc.finalize)
+    # Load libmpi now, initialise later (initialized_mpi); still finalise at exit if we did.
+    rc.initialize = False
+    if rc.finalize is None:
+        rc.finalize = True
+    try:
+        from mpi4py import MPI
+    except Exception as exc:  # ImportError (missing libmpi), OSError, RuntimeError
+        raise BackendUnavailableError(
+            f"mpi: mpi4py failed to load libmpi: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        rc.initialize, rc.finalize = saved
+    return MPI
+
+
+def unavailable_reason() -> str | None:
+    """Return None when the mpi backend can run here, else exactly why not.
+
+    Cheap after the first call and never initialises MPI. An MPI that is already initialised
+    with a thread level below ``MPI_THREAD_MULTIPLE`` is reported as unusable.
+    """
+    try:
+        MPI = _import_mpi()
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            _check_thread_level(MPI)
+        if MPI.Is_finalized():
+            return "mpi: MPI has already been finalized in this process"
+    except BackendUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+def _check_thread_level(MPI: Any) -> None:
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_MULTIPLE:
+        raise BackendUnavailableError(
+            f"mpi: MPI provides {_thread_level_name(provided)} but colls needs "
+            "MPI_THREAD_MULTIPLE (it calls MPI from its executor and progress threads); leave "
+            "mpi4py.rc.thread_level at 'multiple' or initialise MPI with "
+            "MPI.Init_thread(MPI.THREAD_MULTIPLE)"
+        )
+
+
+def initialized_mpi() -> Any:
+    """Return the ``mpi4py.MPI`` module with MPI initialised at ``MPI_THREAD_MULTIPLE``.
+
+    Raises:
+        BackendUnavailableError: mpi4py/libmpi is missing, MPI is finalised, or its thread
+            level is too low.
+    """
+    MPI = _import_mpi()
+    with _lock:
+        if MPI.Is_finalized():
+            raise BackendUnavailableError("mpi: MPI has already been finalized in this process")
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    _check_thread_level(MPI)
+    return MPI
+
+
+def world() -> tuple[int, int]:
+    """Return ``(rank, size)`` of ``MPI_COMM_WORLD`` (initialising MPI if needed)."""
+    comm = initialized_mpi().COMM_WORLD
+    return comm.Get_rank(), comm.Get_size()
+
+
+def cuda_aware() -> bool:
+    """Return whether MPI may be handed CUDA device pointers.
+
+    ``COLLS_MPI_CUDA_AWARE`` decides when set (1/0); otherwise the MPI library is asked:
+    ``MPI.Query_cuda_support()`` (mpi4py's wrapper of ``MPIX_Query_cuda_support``) where it
+    exists, else the MPI-4.1 ``mpi_memory_alloc_kinds`` info of ``MPI_COMM_WORLD``. Anything
+    that cannot be determined counts as not CUDA-aware, so device memory is staged through the
+    host instead of risking a crash inside MPI.
+    """
+    forced = _forced_cuda_awareness()
+    if forced is not None:
+        return forced
+    MPI = initialized_mpi()
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is not None:
+        try:
+            return bool(query())
+        except Exception:  # an MPI without the extension raises NotImplementedError
+            pass
+    try:
+        kinds = MPI.COMM_WORLD.Get_info().Get("mpi_memory_alloc_kinds") or ""
+    except Exception:  # MPI older than 4.1
+        return False
+    return any(kind.strip() in _CUDA_KINDS for kind in kinds.split(","))
+
+
+def _forced_cuda_awareness() -> bool | None:
+    value = env.get("COLLS_MPI_CUDA_AWARE").lower()
+    if value in ("", "auto"):
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(
+        f"environment variable COLLS_MPI_CUDA_AWARE={value!r}: expected auto, 1 or 0"
+    )

@@ -1,0 +1,23 @@
+"""colls' conformance suite on the mpi backend, under ``mpiexec -n 1..4`` (no store)."""
+
+from __future__ import annotations
+
+import pytest
+
+from colls.testing.conformance import check_backend
+
+#: Seconds each mpiexec job may take before it counts as hung (a loaded 2-core CI box is slow).
+JOB_TIMEOUT_S = 240
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_conformance_under_mpiexec(world_size: int) -> None:
+    check_backend("mpi", world_sizes=(world_size,), launcher="mpiexec", timeout=JOB_TIMEOUT_S)
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+def test_conformance_with_torch_tensors_under_mpiexec() -> None:
+    pytest.importorskip("torch")
+    check_backend("mpi", world_sizes=(2,), array_library="torch", quick=True,
+                  launcher="mpiexec", timeout=JOB_TIMEOUT_S)

@@ -1,0 +1,106 @@
+"""The mpi backend under mpiexec: world formation, subgroups, point-to-point, dtypes, failures."""
+
+from __future__ import annotations
+
+import mpi_workers as w
+import pytest
+
+from colls.testing.mpirun import run_mpi
+from colls.testing.spawn import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_init_without_store_uses_the_mpi_world() -> None:
+    facts = run_mpi(w.world_facts, 3, timeout=60)
+    for rank, fact in enumerate(facts):
+        assert (fact["rank"], fact["size"]) == (rank, 3)
+        assert (fact["mpi_rank"], fact["mpi_size"]) == (rank, 3)
+        assert fact["backend"] == "mpi"
+        assert fact["store"] == "HashStore"  # no rendezvous store was made
+        assert not fact["master_addr"]
+        assert fact["thread_level"] == 3  # MPI_THREAD_MULTIPLE
+        assert fact["sum"] == 0 + 1 + 2
+        assert fact["devices"] == ("cpu",)  # PyPI's MPICH is not CUDA-aware
+
+
+def test_init_through_a_store_rendezvous() -> None:
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    facts = run_mpi(w.store_rendezvous, 2, backend=None, env=env, timeout=60)
+    for rank, fact in enumerate(facts):
+        assert fact["rank"] == fact["mpi_rank"] == rank
+        assert fact["store"] == "TCPStore"
+        assert fact["result"] == [1.0, 3.0, 5.0]
+
+
+def test_a_world_rank_that_is_not_the_mpi_rank_is_refused() -> None:
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    messages = run_mpi(w.mismatched_rank, 2, backend=None, env=env, timeout=60)
+    assert "colls world rank 1 but MPI_COMM_WORLD rank 0" in messages[0]
+    assert "colls world rank 0 but MPI_COMM_WORLD rank 1" in messages[1]
+
+
+def test_non_contiguous_subgroups() -> None:
+    results = run_mpi(w.subgroups, 4, timeout=60)
+    assert results[0]["even"] == {"rank": 0, "sum": [4.0, 2.0], "bcast": [2, 2],
+                                  "gathered": [0, 0, 2, 2]}
+    assert results[2]["even"]["rank"] == 1
+    assert results[1]["odd"] == {"rank": 0, "sum": [6.0, 2.0], "bcast": [3, 3],
+                                 "gathered": [1, 1, 3, 3]}
+    assert results[3]["trio"] == {"rank": 2, "sum": [8.0, 3.0], "bcast": [3, 3],
+                                  "gathered": [0, 0, 2, 2, 3, 3]}
+    assert "trio" not in results[1]
+    assert results[3]["odd_recv_from"] == 1  # recv returns the sender's world rank
+    assert results[3]["odd_recv"] == [1, 1, 1, 1]
+
+
+def test_any_source_receives_name_the_sender() -> None:
+    results = run_mpi(w.any_source, 3, timeout=60)
+    assert results[0]["recv"] == {1: [10, 10, 10], 2: [20, 20, 20]}
+    assert results[0]["irecv_source"] == 2  # group rank of the sender
+    assert results[0]["irecv_value"] == 2.5
+
+
+def test_point_to_point_completes_without_the_caller_polling() -> None:
+    results = run_mpi(w.p2p_progress, 2, timeout=60)
+    assert results[0]["done"] == [True, True]
+    assert results[1]["done"] == [True, True]
+    assert results[1]["ok"] == [True, list(range(10))]
+    assert 0.25 < results[1]["timed_out_after"] < 5  # wait(timeout) is honoured
+    assert results[1]["late"] == [5, 6]  # and the Work still completes afterwards
+
+
+def test_a_message_of_another_size_fails_the_receive_naming_both_sizes() -> None:
+    messages = run_mpi(w.size_mismatch, 2, timeout=60)[1]
+    assert "has 8 bytes but the receive buffer has 16 bytes" in messages[0]
+    assert "from rank 0" in messages[0]
+    assert "larger than the 8-byte receive buffer" in messages[1]
+
+
+def test_a_tag_above_mpi_tag_ub_is_refused() -> None:
+    message = run_mpi(w.tag_limit, 2, timeout=60)[0]
+    assert "exceeds MPI_TAG_UB" in message
+
+
+def test_reductions_mpi_lacks_float16_bfloat16_bool_complex() -> None:
+    pytest.importorskip("ml_dtypes")
+    failures = run_mpi(w.reductions, 3, timeout=90)
+    assert failures == [[], [], []]
+
+
+def test_a_collective_that_times_out_leaves_the_group_refusing_work() -> None:
+    result = run_mpi(w.collective_timeout, 2, timeout=60)[0]
+    assert "did not complete within 1.0 s" in result["timeout"]
+    assert result["elapsed"] < 10
+    assert "all_reduce" in result["after"]
+
+
+def test_cuda_arrays_are_staged_through_host_memory() -> None:
+    results = run_mpi(w.staged_device_arrays, 2, timeout=60)
+    for rank, result in enumerate(results):
+        assert result["cuda_aware"] is False
+        assert result["sum"] == [3.0, 3.0, 3.0]
+        assert result["gathered"] == [0, 1]
+        assert result["recv"] == [1 - rank] * 2
+        assert result["sender"] == 1 - rank
+        assert result["syncs"] >= 3
