@@ -10,10 +10,11 @@ validates user arguments.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from colls import buffers
+from colls import buffers, fingerprint
 from colls.buffers import Buffer
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import ReduceSpec, resolve_op
@@ -37,8 +38,24 @@ def default_group() -> ProcessGroup:
     return pg
 
 
+# What the checks below saw of the current call's arguments (per thread), keyed by op name;
+# submit() turns it into the call's signature (see colls.fingerprint).
+_call = threading.local()
+
+
+def _record(op: str) -> fingerprint.CallRecord:
+    records = getattr(_call, "records", None)
+    if records is None:
+        records = _call.records = {}
+    record = records.get(op)
+    if record is None:
+        record = records[op] = fingerprint.CallRecord(op)
+    return record
+
+
 def resolve_group(group: Any) -> ProcessGroup | None:
     """Return the group a call runs on, or None when this process is not a member of it."""
+    _call.records = {}  # every public call starts here: forget the previous call's arguments
     if group is None or group is WORLD:
         return default_group()
     if group is NON_GROUP_MEMBER:
@@ -93,6 +110,7 @@ def group_rank_of(
                 f"{where}: group_{arg}={group_rank} is out of range for group {pg.name!r} "
                 f"of size {pg.size} (expected 0..{pg.size - 1})"
             )
+        _record(op).root = group_rank
         return group_rank
     _check_int(global_rank, arg, where)
     translated = pg.group_rank(global_rank)
@@ -101,6 +119,7 @@ def group_rank_of(
             f"{where}: {arg}={global_rank} is not a member of group {pg.name!r} "
             f"(its world ranks are {list(pg.global_ranks)})"
         )
+    _record(op).root = translated
     return translated
 
 
@@ -135,9 +154,14 @@ def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
     A :class:`~colls.buffers.Buffer` passes through unchanged: colls' own layers (functional,
     multigpu) hand over scratch buffers whose dtype (bfloat16) NumPy cannot express.
     """
-    if isinstance(obj, Buffer):
-        return obj
-    return buffers.as_buffer(obj, writable=writable, arg=arg, op=op, rank=my_rank())
+    buf = obj if isinstance(obj, Buffer) else buffers.as_buffer(
+        obj, writable=writable, arg=arg, op=op, rank=my_rank()
+    )
+    record = _record(op)
+    record.shapes[arg] = buf.shape
+    if record.dtype is None:
+        record.dtype = buf.dtype.name
+    return buf
 
 
 def buffer_list(
@@ -212,7 +236,9 @@ def row_splits(
 
 def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
     """Check that ``op`` applies to ``buf``'s dtype, before any byte moves."""
-    return resolve_op(op, buf.dtype, op_name=op_name, rank=my_rank())
+    spec = resolve_op(op, buf.dtype, op_name=op_name, rank=my_rank())
+    _record(op_name).reduce_op = spec.kind.name
+    return spec
 
 
 # -- submission ---------------------------------------------------------------------------------
@@ -221,10 +247,47 @@ def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
 def submit(
     pg: ProcessGroup, op: str, job: Callable[[int], Any], *, async_op: bool
 ) -> Work | None:
-    """Run ``job(tag)`` as the next collective of ``pg``; return a Work if ``async_op``."""
-    tag = pg.next_tag()
+    """Run ``job(tag)`` as the next collective of ``pg``; return a Work if ``async_op``.
+
+    A broken group raises at once. The tag carries the call's sequence number and signature
+    (:mod:`colls.fingerprint`), so mismatched calls across ranks never exchange data; with
+    ``COLLS_DEBUG=detail`` every rank first compares full fingerprints. A failure of the job
+    breaks the group (:mod:`colls.health`) so that every rank stops.
+
+    Raises:
+        BackendError: the group is broken (a failed rank, a dead peer or a lost store).
+        CollectiveMismatchError: (COLLS_DEBUG=detail) the ranks' calls differ.
+    """
+    health = pg.health
+    health.check(op)
+    records = getattr(_call, "records", None)
+    record = records.pop(op, None) if records else None
+    if record is None:
+        record = fingerprint.CallRecord(op)
+    check_seq = pg.next_sequence() if health.detail else None
+    seq = pg.next_sequence()
+    tag = fingerprint.collective_tag(seq, record.signature())
+    label = f"{op} #{seq}"
+
+    def run() -> Any:
+        health.check(op)  # a failure while this call was queued
+        health.begin(label)
+        try:
+            if check_seq is not None:
+                check_tag = fingerprint.collective_tag(
+                    check_seq, fingerprint.FINGERPRINT_RECORD.signature()
+                )
+                fingerprint.check_across_ranks(pg, record, seq, check_tag)
+            return job(tag)
+        except BaseException as exc:
+            failure = health.job_failed(label, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        finally:
+            health.end(label)
+
     return pg.run(
-        lambda: job(tag),
-        description=f"{op} on group {pg.name!r} (rank {pg.rank} of {pg.size})",
+        run, description=f"{op} on group {pg.name!r} (rank {pg.rank} of {pg.size})",
         async_op=async_op,
     )

@@ -30,22 +30,20 @@ class SerialExecutor:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def run_inline_or_submit(self, job: Callable[[], Any], work: Work) -> bool:
-        """Run ``job`` now on this thread if nothing is queued, else queue it.
+    def try_run_inline(self, job: Callable[[], Any]) -> bool:
+        """Run ``job`` on this thread if nothing is queued; return False (not run) otherwise.
 
-        Returns True when the job ran inline (``work`` is then already complete).
+        The synchronous fast path: no Work or Future is made, and the job's exception
+        propagates to the caller unchanged.
         """
         with self._state:
             self._check_open()
-            inline = self._pending == 0
+            if self._pending:
+                return False
             self._pending += 1
-            if inline:
-                self._running.acquire()
-        if not inline:
-            self._enqueue(job, work)
-            return False
+            self._running.acquire()
         try:
-            _execute(job, work)
+            job()
         finally:
             self._running.release()
             with self._state:

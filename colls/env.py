@@ -94,9 +94,38 @@ SETTINGS: dict[str, Setting] = {
             "(recursive doubling); larger ones use bandwidth-optimal ones (ring).",
         ),
         Setting(
+            "COLLS_SHM", _parse_bool, True,
+            "tcp backend: move collective data through shared memory when every rank of a "
+            "group is on one host (same hostname and boot id); 0 keeps everything on TCP.",
+        ),
+        Setting(
             "COLLS_TCP_HOST", _parse_str, "",
             "Address the tcp backend binds and advertises to peers; empty means the address "
             "this host uses to reach the store (127.0.0.1 for a local store).",
+        ),
+        Setting(
+            "COLLS_MPI_CUDA_AWARE", _parse_str, "",
+            "mpi backend: auto (empty) asks the MPI library whether it accepts CUDA device "
+            "memory; 1 asserts that it does; 0 stages CUDA arrays through host memory.",
+        ),
+        Setting(
+            "COLLS_TORCH_TRANSPORT", _parse_str, "tcp",
+            "Transport under torch.distributed's 'colls' backend "
+            "(torch.distributed.init_process_group(\"colls\"), registered by importing "
+            "colls_torch): tcp, mpi, nccl or any colls backend; "
+            "pg_options={'transport': ...} overrides it per group.",
+        ),
+        Setting(
+            "COLLS_AUTH_TOKEN", _parse_str, "",
+            "Shared secret: when set, every TCPStore and tcp peer connection must prove it "
+            "knows it (HMAC-SHA256 challenge-response) before anything else is read; strangers "
+            "are refused and logged. Set the same value on every rank (see docs/reliability.md).",
+        ),
+        Setting(
+            "COLLS_HANDSHAKE_TIMEOUT", _parse_positive_float, 10.0,
+            "Seconds a new TCPStore or tcp peer connection may take to authenticate or send "
+            "its first frame (and a started frame to complete) before it is dropped as "
+            "half-open.",
         ),
         Setting(
             "COLLS_ERROR_FILE", _parse_str, "",

@@ -18,6 +18,9 @@ from colls import _dispatch as d
 from colls.errors import CollsTimeoutError
 from colls.work import seconds
 
+#: Extra seconds the arrived ranks wait for rank 0's release beyond ``timeout``.
+RELEASE_GRACE_S = 2.0
+
 
 def monitored_barrier(group: Any = None, timeout: float | datetime.timedelta | None = None,
                       wait_all_ranks: bool = False) -> None:
@@ -32,7 +35,10 @@ def monitored_barrier(group: Any = None, timeout: float | datetime.timedelta | N
         backend = pg.backend
         if pg.rank != 0:
             backend.isend(token, 0, tag).wait(limit)
-            backend.irecv(np.zeros(1, dtype=np.uint8), 0, tag).wait(limit)
+            # wait a little longer than rank 0, so that its report naming the missing ranks
+            # (spread by colls.health) reaches this rank before its own timeout would
+            release = backend.irecv(np.zeros(1, dtype=np.uint8), 0, tag)
+            release.wait(limit + RELEASE_GRACE_S)
             return
         deadline = time.monotonic() + limit
         arrivals = {r: backend.irecv(np.zeros(1, dtype=np.uint8), r, tag)

@@ -2,8 +2,9 @@
 
 A group owns everything about itself (no global dicts keyed by group objects): the world ranks of
 its members in group-rank order, this process's group rank, its backend instance, its timeout,
-the serial executor running its collectives, and the sequence number that tags each collective.
-:mod:`colls.registry` maps group names to groups.
+the serial executor running its collectives, the sequence number that tags each collective, and
+its health (:mod:`colls.health`: whether a failure has broken it). :mod:`colls.registry` maps
+group names to groups.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from colls._executor import SerialExecutor
+from colls.fingerprint import collective_tag
+from colls.health import GroupHealth
 from colls.work import Work
 
 if TYPE_CHECKING:
@@ -51,6 +54,7 @@ class ProcessGroup:
         self._executor = SerialExecutor(name)
         self._sequence = itertools.count()
         self.destroyed = False
+        self.health = GroupHealth(self)
 
     # -- rank translation (the only place it happens) ------------------------------------------
 
@@ -64,9 +68,13 @@ class ProcessGroup:
 
     # -- running collectives ---------------------------------------------------------------------
 
+    def next_sequence(self) -> int:
+        """Return the number of the next collective (0, 1, ...; the same order on every rank)."""
+        return next(self._sequence)
+
     def next_tag(self) -> int:
         """Return the tag of the next collective: negative, unique, same sequence on every rank."""
-        return -1 - next(self._sequence)
+        return collective_tag(self.next_sequence(), 0)
 
     def run(
         self, job: Callable[[], Any], *, description: str, async_op: bool
@@ -76,14 +84,14 @@ class ProcessGroup:
         Returns a Work when ``async_op`` is true; otherwise waits (re-raising failures) and
         returns None.
         """
+        if not async_op and self._executor.try_run_inline(job):
+            return None  # the latency path: no Work, no Future, no thread hand-off
         work = Work(description=description, default_timeout=self.timeout)
+        self.health.track(work)  # fails at once if the group breaks meanwhile
+        self._executor.submit(job, work)
         if async_op:
-            self._executor.submit(job, work)
             return work
-        if not self._executor.run_inline_or_submit(job, work):
-            work.wait()
-        elif (exc := work.exception()) is not None:
-            raise exc
+        work.wait()
         return None
 
     def close(self) -> None:
@@ -91,6 +99,7 @@ class ProcessGroup:
         if self.destroyed:
             return
         self.destroyed = True
+        self.health.close()
         self._executor.close()
         self.backend.close()
 

@@ -8,10 +8,12 @@ This module turns that into the few shapes the algorithms need:
   zero-sized messages are skipped (both sides derive sizes from the same numbers, so both skip).
 * :class:`RecvPipeline` - a stream of receives kept a few messages ahead of the consumer, so the
   network fills the next buffer while the caller reduces the current one.
-* chunk / segment arithmetic and scratch allocation that works for NumPy and CuPy alike.
+* chunk / segment arithmetic and scratch allocation that works for NumPy and CuPy alike (and
+  takes scratch from the backend when it offers some: :func:`empty_like`).
 
 Waiting uses :func:`colls.work.all_done`, so a step fails as soon as any of its messages fails (a
-dead peer is reported at once, not at the timeout).
+dead peer is reported at once, not at the timeout). A comm with a ``poll(work)`` method (the tcp
+backend) is given the chance to make progress on the waiting thread first.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def wait_all(comm: Comm, works: Sequence[Work], what: str) -> None:
     if not works:
         return
     combined = works[0] if len(works) == 1 else all_done(list(works), description=what)
+    poll = getattr(comm, "poll", None)
+    if poll is not None and not combined.is_completed():
+        poll(combined)  # the backend may make progress on this thread before it sleeps
     try:
         combined.wait(comm.timeout)
     except CollsTimeoutError:
@@ -181,11 +186,17 @@ def segments(start: int, stop: int, size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, stop)) for lo in range(start, stop, size)]
 
 
-def empty_like(array: Array, count: int) -> Array:
-    """Allocate ``count`` uninitialised elements of ``array``'s dtype on ``array``'s device.
+def empty_like(array: Array, count: int, comm: Comm | None = None) -> Array:
+    """Return ``count`` uninitialised elements of ``array``'s dtype on ``array``'s device.
 
-    ``np.empty_like`` dispatches through ``__array_function__``, so a CuPy array gets CuPy scratch.
+    A comm with a ``scratch(like, count)`` method (the tcp backend: a reused, huge-page-backed
+    arena, so large collectives do not pay page faults on every call) provides the memory;
+    otherwise ``np.empty_like``, which dispatches through ``__array_function__``, so a CuPy array
+    gets CuPy scratch.
     """
+    scratch = getattr(comm, "scratch", None)
+    if scratch is not None:
+        return scratch(array, count)
     return np.empty_like(array, shape=(count,))
 
 

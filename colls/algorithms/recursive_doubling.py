@@ -54,7 +54,7 @@ def all_reduce(comm: Comm, array: Array, op: ReduceSpec, tag: int) -> None:
     n, rank = comm.world_size, comm.rank
     pof2 = 1 << (n.bit_length() - 1)
     extra = n - pof2
-    tmp = empty_like(array, array.size)
+    tmp = empty_like(array, array.size, comm)
     index = _fold_in(comm, array, tmp, op, tag, extra, what)
     if index >= 0:
         mask = 1
@@ -82,7 +82,7 @@ def all_gather(comm: Comm, output: Array, input: Array, tag: int) -> None:
     what = f"all_gather (bruck) on rank {comm.rank}"
     n, rank = comm.world_size, comm.rank
     block = input.size
-    tmp = output if rank == 0 else empty_like(output, output.size)
+    tmp = output if rank == 0 else empty_like(output, output.size, comm)
     tmp[:block] = input
     distance = 1
     while distance < n:

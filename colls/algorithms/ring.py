@@ -22,6 +22,7 @@ followed by a gather of the chunks to the root.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -88,12 +89,13 @@ def reduce_scatter_pass(
     seg = select.segment_elements(local.itemsize)
     sends = Pending(comm, tag, what)
     lo, hi = bounds[(rank - 1) % n]
-    for a, b in segments(lo, hi, seg):
-        sends.send(local[a:b], nxt)
     items = _ring_items((rank - 2) % n, n, bounds, seg)
     if in_place:
         longest = max((b - a for _s, _c, a, b in items), default=0)
-        pool = [empty_like(local, longest) for _ in range(min(PIPELINE_DEPTH + 1, len(items)))]
+        pool = [
+            empty_like(local, longest, comm)
+            for _ in range(min(PIPELINE_DEPTH + 1, len(items)))
+        ]
 
         def target(i: int) -> Array:
             _s, _c, a, b = items[i]
@@ -105,9 +107,22 @@ def reduce_scatter_pass(
             start = bounds[chunk][0]
             return acc(chunk)[a - start : b - start]
 
+    # Receives are posted before anything is sent, and step 0's segments (all ready at once)
+    # are sent paced, one more per segment that arrives: each link stays about PIPELINE_DEPTH
+    # segments ahead of the receives the next rank has posted, so segments land in posted
+    # buffers rather than as unexpected copies. Later steps pace themselves (a segment is sent
+    # once it is reduced); every step-0 segment goes before the first of them, keeping the
+    # order the next rank receives in.
     pipe = RecvPipeline(comm, tag, [prev] * len(items), target, what)
+    first = deque(segments(lo, hi, seg))
+    for _ in range(min(PIPELINE_DEPTH, len(first))):
+        a0, b0 = first.popleft()
+        sends.send(local[a0:b0], nxt)
     for i, (step, chunk, a, b) in enumerate(items):
         pipe.next()
+        if first:
+            a0, b0 = first.popleft()
+            sends.send(local[a0:b0], nxt)
         start = bounds[chunk][0]
         dst = acc(chunk)[a - start : b - start]
         if in_place:
@@ -115,7 +130,13 @@ def reduce_scatter_pass(
         else:
             op.combine(dst, local[a:b])
         if step < n - 2:
+            while first:
+                a0, b0 = first.popleft()
+                sends.send(local[a0:b0], nxt)
             sends.send(dst, nxt)
+    while first:
+        a0, b0 = first.popleft()
+        sends.send(local[a0:b0], nxt)
     sends.wait()
 
 
@@ -128,14 +149,17 @@ def all_gather_pass(
     own = (rank - shift) % n
     seg = select.segment_elements(buf.itemsize)
     sends = Pending(comm, tag, what)
-    lo, hi = bounds[own]
-    for a, b in segments(lo, hi, seg):
-        sends.send(buf[a:b], nxt)
     items = _ring_items((own - 1) % n, n, bounds, seg)
+
     def target(i: int) -> Array:
         return buf[items[i][2] : items[i][3]]
 
-    pipe = RecvPipeline(comm, tag, [prev] * len(items), target, what)
+    # Every segment lands in its final place, so all receives are posted at once, before any
+    # send: nothing arrives unexpected (which would cost a copy) and no scratch is needed.
+    pipe = RecvPipeline(comm, tag, [prev] * len(items), target, what, depth=len(items))
+    lo, hi = bounds[own]
+    for a, b in segments(lo, hi, seg):
+        sends.send(buf[a:b], nxt)
     for step, _chunk, a, b in items:
         pipe.next()
         if step < n - 2:
@@ -161,7 +185,7 @@ def reduce_scatter(comm: Comm, output: Array, input: Array, op: ReduceSpec, tag:
     n, rank = comm.world_size, comm.rank
     size = output.size
     bounds = [(c * size, (c + 1) * size) for c in range(n)]
-    work = empty_like(input, input.size)
+    work = empty_like(input, input.size, comm)
 
     def acc(chunk: int) -> Array:
         return output if chunk == rank else work[chunk * size : (chunk + 1) * size]
@@ -178,7 +202,7 @@ def reduce(comm: Comm, array: Array, root: int, op: ReduceSpec, tag: int) -> Non
     what = f"reduce (ring) on rank {comm.rank}"
     n, rank = comm.world_size, comm.rank
     bounds = chunk_bounds(array.size, n)
-    buf = array if rank == root else empty_like(array, array.size)
+    buf = array if rank == root else empty_like(array, array.size, comm)
 
     def acc(chunk: int) -> Array:
         return buf[bounds[chunk][0] : bounds[chunk][1]]

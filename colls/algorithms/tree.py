@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from colls.algorithms import ring, select
 from colls.algorithms._p2p import (
-    PIPELINE_DEPTH,
     Array,
     Comm,
     Pending,
@@ -82,9 +81,12 @@ def reduce_binomial(comm: Comm, array: Array, root: int, op: ReduceSpec, tag: in
     acc = array
     if children:
         if rank != root:
-            acc = array.copy()
+            acc = empty_like(array, array.size, comm)
+            acc[...] = array
         depth = 1  # one receive in flight while the previous child's data is combined
-        pool = [empty_like(array, array.size) for _ in range(min(depth + 1, len(children)))]
+        pool = [
+            empty_like(array, array.size, comm) for _ in range(min(depth + 1, len(children)))
+        ]
         pipe = RecvPipeline(
             comm, tag, children, lambda i: pool[i % len(pool)], what, depth=depth
         )
@@ -166,7 +168,7 @@ def broadcast_pipeline(comm: Comm, array: Array, root: int, tag: int) -> None:
     else:
         pipe = RecvPipeline(
             comm, tag, [(comm.rank - 1) % n] * len(parts),
-            lambda i: array[parts[i][0] : parts[i][1]], what, depth=PIPELINE_DEPTH,
+            lambda i: array[parts[i][0] : parts[i][1]], what, depth=len(parts),
         )
         for a, b in parts:
             pipe.next()
@@ -185,7 +187,7 @@ def gather_binomial(comm: Comm, output: Array | None, input: Array, root: int, t
     if rank == root and root == 0:
         tmp = output
     else:
-        tmp = empty_like(input, span * block)
+        tmp = empty_like(input, span * block, comm)
     tmp[:block] = input
 
     def view(lo: int, hi: int) -> Array:
@@ -209,12 +211,12 @@ def scatter_binomial(comm: Comm, output: Array, input: Array | None, root: int, 
         if root == 0:
             tmp = input
         else:
-            tmp = empty_like(output, n * block)
+            tmp = empty_like(output, n * block, comm)
             split = (n - root) * block
             tmp[:split] = input[root * block :]
             tmp[split:] = input[: root * block]
     else:
-        tmp = empty_like(output, span * block)
+        tmp = empty_like(output, span * block, comm)
 
     def view(lo: int, hi: int) -> Array:
         return tmp[(lo - relative) * block : (hi - relative) * block]

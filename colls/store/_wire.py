@@ -26,9 +26,17 @@ DELETE_KEY  key                            1 byte: 1 if the key existed
 NUM_KEYS    (none)                         count
 MULTI_GET   timeout_ms, key...             value...
 MULTI_SET   key, value, key, value...      (none)
+AUTH        client nonce                   server nonce, server proof
+AUTH_PROOF  client proof                   (none)
+PING        (none)                         (none)
 =========== ============================== =====================================
 
 A TIMEOUT response carries the keys still missing; an ERROR response one utf-8 message.
+
+When the server has a token (:mod:`colls.auth`), a connection must run AUTH then AUTH_PROOF before
+any other command, and until it has, frames are capped at :data:`MAX_PREAUTH_PAYLOAD_BYTES`.
+Without a token a client opens with PING instead, so that the server can tell a client that is
+merely idle from a half-open connection that never said anything.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ MAX_VALUE_BYTES = 1 << 30
 MAX_KEY_BYTES = 64 * 1024
 #: Largest payload of one frame: one maximal value plus room for its key and the other fields.
 MAX_PAYLOAD_BYTES = MAX_VALUE_BYTES + 1024 * 1024
+#: Largest payload an unauthenticated connection may send (AUTH frames are a few dozen bytes).
+MAX_PREAUTH_PAYLOAD_BYTES = 1024
 #: timeout_ms value meaning "wait forever".
 NO_TIMEOUT_MS = -1
 
@@ -70,6 +80,9 @@ class Command(enum.IntEnum):
     NUM_KEYS = 8
     MULTI_GET = 9
     MULTI_SET = 10
+    AUTH = 11
+    AUTH_PROOF = 12
+    PING = 13
 
 
 class Status(enum.IntEnum):
@@ -144,21 +157,19 @@ def encode_frame(command: int, fields: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def decode_header(header: BytesLike) -> tuple[int, int]:
+def decode_header(header: BytesLike, limit: int = MAX_PAYLOAD_BYTES) -> tuple[int, int]:
     """Return (command, payload length) of a 12-byte header.
 
     Raises:
-        ProtocolError: bad magic or version, or a length over MAX_PAYLOAD_BYTES.
+        ProtocolError: bad magic or version, or a length over ``limit``.
     """
     magic, version, command, length = HEADER.unpack(header)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
     if version != VERSION:
         raise ProtocolError(f"unsupported protocol version {version} (expected {VERSION})")
-    if length > MAX_PAYLOAD_BYTES:
-        raise ProtocolError(
-            f"payload length {length} exceeds MAX_PAYLOAD_BYTES={MAX_PAYLOAD_BYTES}"
-        )
+    if length > limit:
+        raise ProtocolError(f"payload length {length} exceeds the limit of {limit} bytes")
     return command, length
 
 
@@ -188,13 +199,19 @@ def decode_fields(payload: BytesLike) -> list[bytes]:
 class FrameReader:
     """Reassemble frames from a byte stream fed in arbitrary chunks (the server side)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_PAYLOAD_BYTES) -> None:
         self._buffer = bytearray()
         self._header: tuple[int, int] | None = None
+        #: Largest payload accepted (lowered before authentication).
+        self.limit = limit
 
     def feed(self, data: bytes) -> None:
         """Append bytes received from the socket."""
         self._buffer += data
+
+    def has_partial(self) -> bool:
+        """Return whether part of a frame is buffered (a started frame not yet complete)."""
+        return bool(self._buffer)
 
     def frames(self) -> Iterator[tuple[int, list[bytes]]]:
         """Yield each complete (command, fields) buffered so far.
@@ -206,7 +223,7 @@ class FrameReader:
             if self._header is None:
                 if len(self._buffer) < HEADER.size:
                     return
-                self._header = decode_header(memoryview(self._buffer)[: HEADER.size])
+                self._header = decode_header(memoryview(self._buffer)[: HEADER.size], self.limit)
             command, length = self._header
             end = HEADER.size + length
             if len(self._buffer) < end:

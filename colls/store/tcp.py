@@ -10,6 +10,10 @@ parked on the server and answered when the keys appear, so waiting costs no traf
 
 With ``world_size`` given, each client counts itself in an internal join counter; the master's
 constructor (with ``wait_for_workers``) returns once ``world_size`` clients have joined.
+
+With an auth token (``auth_token=`` or ``COLLS_AUTH_TOKEN``) every connection runs the mutual
+HMAC challenge-response of :mod:`colls.auth` before its first request; a server that does not
+know the token, or refuses this client's, makes the constructor raise a StoreError saying so.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import socket
 import threading
 import time
 
+from colls import auth
 from colls.errors import NetworkError, StoreError, StoreTimeoutError
 from colls.store import _wire
 from colls.store._wire import Command, Status
@@ -46,6 +51,8 @@ REPLY_GRACE_S = 10.0
 JOIN_COUNT_KEY = INTERNAL_KEY_PREFIX + "join/count"
 JOIN_DONE_KEY = INTERNAL_KEY_PREFIX + "join/done"
 MAX_PORT = 65535
+#: Bytes asked of the kernel for a reply's first read (most replies fit entirely).
+RECV_BYTES = 64 * 1024
 
 
 def _check_args(host_name: object, port: object, world_size: object) -> None:
@@ -75,10 +82,13 @@ class TCPStore(Store):
         is_master: start the server in this process.
         timeout: default timeout of blocking calls and of connecting (seconds or timedelta).
         wait_for_workers: on the master with ``world_size``, return only once all have joined.
+        auth_token: shared secret every connection must prove it knows (default:
+            ``COLLS_AUTH_TOKEN``; empty or unset: no authentication).
 
     Raises:
         NetworkError: the server could not be bound, or not reached within ``timeout``.
         StoreTimeoutError: the master waited ``timeout`` for ``world_size`` clients.
+        StoreError: authentication failed (wrong or missing token on either side).
     """
 
     def __init__(
@@ -89,8 +99,10 @@ class TCPStore(Store):
         is_master: bool = False,
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         wait_for_workers: bool = True,
+        auth_token: str | bytes | None = None,
     ) -> None:
         _check_args(host_name, port, world_size)
+        self._token = auth.resolve_token(auth_token)
         super().__init__(timeout)
         if not is_master and port == 0:
             raise ValueError("port 0 (let the OS pick) is only valid with is_master=True")
@@ -104,7 +116,7 @@ class TCPStore(Store):
         start = time.monotonic()
         try:
             if is_master:
-                self._server = StoreServer(host_name, port)
+                self._server = StoreServer(host_name, port, auth_token=self._token)
                 self._server.start()
                 self._port = self._server.port
             sock = self._connect(start)
@@ -143,6 +155,15 @@ class TCPStore(Store):
         return self._server
 
     @property
+    def auth_token(self) -> bytes | None:
+        """The shared secret this store's connections prove they know (None: no auth).
+
+        The tcp backend reads it so that peer connections are authenticated with the same
+        token as the store they rendezvous through.
+        """
+        return self._token
+
+    @property
     def description(self) -> str:
         """Return ``TCPStore host:port`` (IPv6 hosts in brackets)."""
         if ":" in self._host:
@@ -171,7 +192,58 @@ class TCPStore(Store):
                 delay = min(delay * 2, CONNECT_RETRY_MAX_S)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._authenticate(sock, ping=True)
             return sock
+
+    def _authenticate(self, sock: socket.socket, *, ping: bool = False) -> None:
+        """Run the client side of the AUTH / AUTH_PROOF exchange on a new connection.
+
+        Without a token, ``ping`` sends a PING instead: the constructor's connection may stay
+        idle for long before its first request, and the server drops connections that never
+        said anything (half-open). Pooled connections send their request at once instead.
+
+        Raises:
+            StoreError: the server refused the token, or could not prove it knows it.
+            NetworkError: the connection failed during the exchange.
+        """
+        if self._token is None:
+            if ping:
+                try:
+                    sock.sendall(_wire.encode_frame(Command.PING, []))
+                    self._auth_reply(sock, "PING")
+                except BaseException:
+                    _shutdown(sock)
+                    raise
+            return
+        try:
+            client_nonce = auth.new_nonce()
+            sock.sendall(_wire.encode_frame(Command.AUTH, [client_nonce]))
+            reply = self._auth_reply(sock, "AUTH")
+            if len(reply) != 2 or not auth.verify(
+                self._token, auth.STORE_SERVER, client_nonce, reply[0], reply[1]
+            ):
+                raise StoreError(
+                    f"{self.description}: the server could not prove it knows "
+                    "COLLS_AUTH_TOKEN; refusing to talk to it"
+                )
+            client_proof = auth.proof(self._token, auth.STORE_CLIENT, reply[0], client_nonce)
+            sock.sendall(_wire.encode_frame(Command.AUTH_PROOF, [client_proof]))
+            self._auth_reply(sock, "AUTH_PROOF")
+        except BaseException:
+            _shutdown(sock)
+            raise
+
+    def _auth_reply(self, sock: socket.socket, step: str) -> list[bytes]:
+        try:
+            status, fields = self._receive(sock)
+        except (OSError, _wire.ProtocolError) as exc:
+            raise NetworkError(
+                f"{self.description}: connection lost during authentication ({step}): {exc}"
+            ) from exc
+        if status != Status.OK:
+            message = fields[0].decode("utf-8", "replace") if fields else f"status {status}"
+            raise StoreError(f"{self.description}: {message}")
+        return fields
 
     def _join(self, world_size: int, wait: bool, start: float) -> None:
         """Count this client in; on a waiting master, block until ``world_size`` have joined."""
@@ -213,7 +285,8 @@ class TCPStore(Store):
         start = time.monotonic()
         sock = self._checkout()
         try:
-            sock.settimeout(io_timeout)
+            if sock.gettimeout() != io_timeout:  # settimeout costs syscalls: only on change
+                sock.settimeout(io_timeout)
             sock.sendall(frame)
             status, reply = self._receive(sock)
         except (OSError, _wire.ProtocolError) as exc:
@@ -250,6 +323,7 @@ class TCPStore(Store):
         except OSError as exc:
             raise NetworkError(f"{self.description}: could not connect: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._authenticate(sock)
         with self._lock:
             if not self._closed:
                 self._sockets.add(sock)
@@ -283,8 +357,23 @@ class TCPStore(Store):
         return buffer
 
     def _receive(self, sock: socket.socket) -> tuple[int, list[bytes]]:
-        status, length = _wire.decode_header(self._recv_exact(sock, _wire.HEADER.size))
-        return status, _wire.decode_fields(self._recv_exact(sock, length))
+        """Read one reply frame; small replies (most) arrive in a single ``recv``."""
+        data = sock.recv(RECV_BYTES)
+        while len(data) < _wire.HEADER.size:
+            if not data:
+                raise ConnectionError("the store server closed the connection")
+            more = sock.recv(RECV_BYTES)
+            if not more:
+                raise ConnectionError("the store server closed the connection")
+            data += more
+        status, length = _wire.decode_header(memoryview(data)[: _wire.HEADER.size])
+        body = memoryview(data)[_wire.HEADER.size :]
+        if len(body) < length:
+            rest = self._recv_exact(sock, length - len(body))
+            return status, _wire.decode_fields(bytes(body) + rest)
+        if len(body) > length:
+            raise _wire.ProtocolError(f"{len(body) - length} unexpected bytes after a reply")
+        return status, _wire.decode_fields(body)
 
     @staticmethod
     def _key(key: str) -> bytes:

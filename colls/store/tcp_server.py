@@ -8,6 +8,14 @@ appears, or with a TIMEOUT status when their deadline passes; clients never poll
 
 A connection that sends a malformed frame (bad magic or version, oversized length, bad fields,
 unknown command) is logged and closed; every other client keeps being served.
+
+Let no one in: the listener binds only the given host. A connection that does not complete its
+first frame (or, with a token, its authentication) within ``handshake_timeout`` seconds, or that
+stalls in the middle of a frame that long, is dropped as half-open. With an ``auth_token``
+(:mod:`colls.auth`) every connection must run the AUTH / AUTH_PROOF challenge-response before any
+other command is read, and until then its frames are capped at a few hundred bytes; a wrong or
+missing token is answered with an ERROR, logged with the peer's address, and the connection
+closed.
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from colls import env
 from colls.errors import NetworkError, StoreError
 from colls.store import _wire
+from colls.store._guard import GuardMixin
 from colls.store._wire import Command, ProtocolError, Status
 from colls.store.base import INTERNAL_KEY_PREFIX
 
@@ -62,6 +72,10 @@ class _Connection:
     outbox: collections.deque[memoryview] = field(default_factory=collections.deque)
     parked: _Waiter | None = None
     closed: bool = False
+    established: bool = False  # authenticated, or (without a token) sent a complete frame
+    deadline: float | None = None  # when a half-open connection is dropped
+    client_nonce: bytes = b""
+    server_nonce: bytes = b""
 
 
 Handler = Callable[[_Connection, list[bytes]], None]
@@ -95,10 +109,19 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-class StoreServer:
+class StoreServer(GuardMixin):
     """The key-value server of a master TCPStore; see the module docstring."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(
+        self, host: str, port: int, *, auth_token: bytes | None = None,
+        handshake_timeout: float | None = None,
+    ) -> None:
+        self._token = auth_token
+        self._handshake_s = (
+            float(env.get("COLLS_HANDSHAKE_TIMEOUT")) if handshake_timeout is None
+            else handshake_timeout
+        )
+        self._half_open: list[tuple[float, int, _Connection]] = []
         self._listener = bind_listener(host, port)
         self.host = host
         self.port: int = self._listener.getsockname()[1]
@@ -123,6 +146,9 @@ class StoreServer:
             Command.NUM_KEYS: self._cmd_num_keys,
             Command.MULTI_GET: self._cmd_multi_get,
             Command.MULTI_SET: self._cmd_multi_set,
+            Command.AUTH: self._cmd_auth,
+            Command.AUTH_PROOF: self._cmd_auth_proof,
+            Command.PING: self._cmd_ping,
         }
 
     @property
@@ -169,6 +195,7 @@ class StoreServer:
                     else:
                         key.data()
                 self._expire_waiters()
+                self._expire_half_open()
                 while self._ready:
                     self._process(self._ready.popleft())
         except Exception:  # a bug in the server: log it rather than die silently
@@ -187,9 +214,12 @@ class StoreServer:
     def _select_timeout(self) -> float | None:
         while self._deadlines and self._deadlines[0][2].done:
             heapq.heappop(self._deadlines)
-        if not self._deadlines:
+        while self._half_open and self._half_open[0][2].deadline is None:
+            heapq.heappop(self._half_open)
+        due = [heap[0][0] for heap in (self._deadlines, self._half_open) if heap]
+        if not due:
             return None
-        return max(0.0, self._deadlines[0][0] - time.monotonic())
+        return max(0.0, min(due) - time.monotonic())
 
     def _drain_wake(self) -> None:
         try:
@@ -209,6 +239,9 @@ class StoreServer:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(sock=sock, peer=f"{addr[0]}:{addr[1]}")
+            if self._token is not None:
+                conn.reader.limit = _wire.MAX_PREAUTH_PAYLOAD_BYTES
+            self._arm(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _service(self, conn: _Connection, mask: int) -> None:
@@ -223,10 +256,14 @@ class StoreServer:
                 self._drop(conn, f"receive failed: {exc}")
                 return
             if not data:
-                self._drop(conn, None)
+                unauthenticated = self._token is not None and not conn.established
+                self._drop(conn, "closed during authentication (the client rejected this "
+                           "server's proof: different tokens?)" if unauthenticated and
+                           conn.server_nonce else None)
                 return
             conn.reader.feed(data)
             self._process(conn)
+            self._rearm(conn)
 
     def _process(self, conn: _Connection) -> None:
         """Run the buffered requests of ``conn`` in order, pausing while one is parked."""
@@ -239,6 +276,8 @@ class StoreServer:
                 handler = self.handlers.get(command)
                 if handler is None:
                     raise ProtocolError(f"unknown command byte {command}")
+                if not conn.established and not self._admit(conn, command):
+                    return
                 try:
                     handler(conn, fields)
                 except ProtocolError:
@@ -259,6 +298,9 @@ class StoreServer:
                 "TCPStore %s: closing connection from %s: %s", self.address, conn.peer, reason
             )
         conn.closed = True
+        conn.deadline = None  # its half-open heap entry, if any, is now stale
+        conn.reader = _wire.FrameReader()  # release buffered input now, not when popped
+        conn.outbox.clear()
         if conn.parked is not None:
             self._unpark(conn.parked)
         try:

@@ -22,6 +22,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from colls.work import Work
 
 
@@ -42,16 +44,24 @@ class Message:
 
     src: int
     tag: int
-    buffer: bytearray
+    buffer: memoryview  # unsigned bytes, not zero-filled (the body overwrites them)
     seq: int
     done: bool = False
     waiter: RecvOp | None = None
+
+
+#: Bodies of unexpected messages at least this large are read into recycled buffers (fresh
+#: megabytes cost a page fault per 4 KiB page); at most RECYCLE_MAX_BYTES are kept.
+RECYCLE_MIN_BYTES = 1 << 16
+RECYCLE_MAX_BYTES = 8 << 20
 
 
 class MatchTable:
     """Posted receives and unexpected messages, matched per ``(src, tag)`` in FIFO order."""
 
     def __init__(self) -> None:
+        self._spare: dict[int, list[memoryview]] = {}  # nbytes -> recycled message buffers
+        self._spare_bytes = 0
         self._posted_src: dict[tuple[int, int], deque[RecvOp]] = {}
         self._posted_any: dict[int, deque[RecvOp]] = {}
         self._unexpected: dict[int, dict[int, deque[Message]]] = {}  # tag -> src -> messages
@@ -79,9 +89,22 @@ class MatchTable:
     # -- unexpected messages --------------------------------------------------------------------
     def add_unexpected(self, src: int, tag: int, nbytes: int) -> Message:
         """Queue a new unexpected message of ``nbytes`` (its body is still to be read)."""
-        message = Message(src, tag, bytearray(nbytes), next(self._seq))
+        spare = self._spare.get(nbytes)
+        if spare:
+            buffer = spare.pop()
+            self._spare_bytes -= nbytes
+        else:
+            buffer = memoryview(np.empty(nbytes, np.uint8))
+        message = Message(src, tag, buffer, next(self._seq))
         self._unexpected.setdefault(tag, {}).setdefault(src, deque()).append(message)
         return message
+
+    def recycle(self, buffer: memoryview) -> None:
+        """Keep the body buffer of a delivered unexpected message for a later one."""
+        nbytes = len(buffer)
+        if nbytes >= RECYCLE_MIN_BYTES and self._spare_bytes + nbytes <= RECYCLE_MAX_BYTES:
+            self._spare.setdefault(nbytes, []).append(buffer)
+            self._spare_bytes += nbytes
 
     def take_unexpected(self, src: int | None, tag: int) -> Message | None:
         """Remove and return the earliest unexpected message a receive (src, tag) accepts."""
@@ -118,6 +141,19 @@ class MatchTable:
         removed: list[RecvOp] = []
         for key in [k for k in self._posted_src if k[0] == src]:
             removed.extend(self._posted_src.pop(key))
+        return removed
+
+    def has_posted(self, src: int, tag: int) -> bool:
+        """Return whether a receive for exactly ``(src, tag)`` is posted."""
+        return (src, tag) in self._posted_src
+
+    def remove_collective(self) -> list[RecvOp]:
+        """Remove and return every posted receive with a collective (negative) tag."""
+        removed: list[RecvOp] = []
+        for key in [k for k in self._posted_src if k[1] < 0]:
+            removed.extend(self._posted_src.pop(key))
+        for tag in [t for t in self._posted_any if t < 0]:
+            removed.extend(self._posted_any.pop(tag))
         return removed
 
     def remove_any_source(self) -> list[RecvOp]:

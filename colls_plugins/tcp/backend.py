@@ -1,23 +1,33 @@
 """TcpBackend: the tcp transport's :class:`~colls.backend.Backend`.
 
 The constructor builds the connection mesh through the group's store (blocking until every rank
-has joined, bounded by ``options.timeout``) and starts the progress engine. Point-to-point goes to
-the engine; collectives are not overridden, so they run through :mod:`colls.algorithms` over
-``isend``/``irecv``.
+has joined, bounded by ``options.timeout``), starts the progress engine and, when every rank is on
+this host, maps the group's shared memory (:mod:`~colls_plugins.tcp.shm`). Point-to-point goes to
+the engine. all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier run through
+:mod:`~colls_plugins.tcp.shm_collectives` when shared memory is up; everything else (and
+everything when it is not) runs through :mod:`colls.algorithms` over ``isend``/``irecv``.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from colls.algorithms import select
 from colls.backend import Backend
-from colls_plugins.tcp._frames import GOODBYE_TAG, MAX_TAG
+from colls_plugins.tcp import shm_collectives
+from colls_plugins.tcp._frames import MAX_TAG
+from colls_plugins.tcp._mismatch import PROBE_TAG
+from colls_plugins.tcp._scratch import ScratchArena
 from colls_plugins.tcp.connections import connect_mesh
 from colls_plugins.tcp.engine import Engine
+from colls_plugins.tcp.shm import ShmGroup
+from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:
     from colls.options import BackendOptions
+    from colls.reduce_ops import ReduceSpec
     from colls.store.base import Store
     from colls.work import Work
 
@@ -53,8 +63,22 @@ class TcpBackend(Backend):
         world_size = _check_count("world_size", world_size, 1, 1 << 31, "backend")
         rank = _check_count("rank", rank, 0, world_size, "backend")
         super().__init__(store, rank, world_size, options)
+        self._arena = ScratchArena()
         connections = connect_mesh(store, rank, world_size, options)
         self._engine = Engine(rank, connections, options.timeout, options.group_name)
+        try:
+            self._shm: ShmGroup | None = setup_shm(
+                store, rank, world_size, options.timeout, self._engine.peer_error,
+                options.group_name,
+            )
+        except BaseException:
+            self._engine.close()
+            raise
+
+    @property
+    def uses_shm(self) -> bool:
+        """Whether this group's collectives move data through shared memory."""
+        return self._shm is not None
 
     def isend(self, array: Any, dst: int, tag: int) -> Work:
         """Start sending ``array`` to group rank ``dst``; the Work ends when the kernel has it.
@@ -64,7 +88,7 @@ class TcpBackend(Backend):
                 is not a C-contiguous buffer.
         """
         dst = _check_count("dst", dst, 0, self.world_size, "isend")
-        tag = _check_count("tag", tag, GOODBYE_TAG + 1, MAX_TAG + 1, "isend")
+        tag = _check_count("tag", tag, PROBE_TAG + 1, MAX_TAG + 1, "isend")
         return self._engine.isend(array, dst, tag)
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
@@ -76,12 +100,136 @@ class TcpBackend(Backend):
         """
         if src is not None:
             src = _check_count("src", src, 0, self.world_size, "irecv")
-        tag = _check_count("tag", tag, GOODBYE_TAG + 1, MAX_TAG + 1, "irecv")
+        tag = _check_count("tag", tag, PROBE_TAG + 1, MAX_TAG + 1, "irecv")
         return self._engine.irecv(array, src, tag)
+
+    # -- collectives: shared memory when every rank is on this host -----------------------------
+    def _shm_for(self, collective: str) -> ShmGroup | None:
+        """Return the shared memory to run ``collective`` through, or None for point-to-point.
+
+        ``COLLS_ALGORITHM`` naming the collective forces the point-to-point algorithm it names.
+        """
+        shm = self._shm
+        if shm is not None and collective in select.overrides():
+            return None
+        return shm
+
+    def poll(self, work: Work) -> None:
+        """Read the sockets on this thread for a moment before ``work`` is waited for.
+
+        :mod:`colls.algorithms` calls it before each wait: a message that arrives within the
+        engine's short polling budget completes without a thread hand-off.
+        """
+        self._engine.poll_until(work)
+
+    def scratch(self, like: Any, count: int) -> Any:
+        """Lend ``count`` elements of scratch of ``like``'s dtype to the running collective."""
+        return self._arena.take(like, count)
+
+    def _p2p(self, method: Callable[..., None], *args: Any) -> None:
+        """Run a collective of :mod:`colls.algorithms` with the scratch arena reset for it."""
+        self._arena.reset()
+        try:
+            method(*args)
+        except BaseException:
+            self._arena.discard()  # its receives may still be posted into the arena
+            raise
+
+    def _root(self, collective: str, root: int) -> None:
+        if not 0 <= root < self.world_size:
+            raise ValueError(
+                f"{collective} on rank {self.rank}: root must be a group rank in "
+                f"[0, {self.world_size}), got {root}"
+            )
+
+    def _numel(self, collective: str, name: str, array: Any, expected: int) -> None:
+        if array.size != expected:
+            raise ValueError(
+                f"{collective} on rank {self.rank}: {name} must have {expected} elements "
+                f"(world_size {self.world_size} x per-rank size), got {array.size}"
+            )
+
+    def all_reduce(self, array: Any, op: ReduceSpec, tag: int) -> None:
+        """Reduce ``array`` across the group in place (shared memory when available)."""
+        shm = self._shm_for("all_reduce")
+        if shm is None:
+            return self._p2p(super().all_reduce, array, op, tag)
+        shm_collectives.all_reduce(shm, array, op)
+        return None
+
+    def broadcast(self, array: Any, root: int, tag: int) -> None:
+        """Copy ``root``'s ``array`` to every rank (shared memory when available)."""
+        shm = self._shm_for("broadcast")
+        if shm is None:
+            return self._p2p(super().broadcast, array, root, tag)
+        self._root("broadcast", root)
+        shm_collectives.broadcast(shm, array, root)
+        return None
+
+    def reduce(self, array: Any, root: int, op: ReduceSpec, tag: int) -> None:
+        """Reduce into ``root``'s ``array`` (shared memory when available)."""
+        shm = self._shm_for("reduce")
+        if shm is None:
+            return self._p2p(super().reduce, array, root, op, tag)
+        self._root("reduce", root)
+        shm_collectives.reduce(shm, array, root, op)
+        return None
+
+    def all_gather(self, output: Any, input: Any, tag: int) -> None:
+        """Concatenate every rank's ``input`` into ``output`` (shared memory when available)."""
+        shm = self._shm_for("all_gather")
+        if shm is None:
+            return self._p2p(super().all_gather, output, input, tag)
+        self._numel("all_gather", "output", output, self.world_size * input.size)
+        shm_collectives.all_gather(shm, output, input)
+        return None
+
+    def reduce_scatter(self, output: Any, input: Any, op: ReduceSpec, tag: int) -> None:
+        """Reduce ``input`` and give rank r chunk r (shared memory when available)."""
+        shm = self._shm_for("reduce_scatter")
+        if shm is None:
+            return self._p2p(super().reduce_scatter, output, input, op, tag)
+        self._numel("reduce_scatter", "input", input, self.world_size * output.size)
+        shm_collectives.reduce_scatter(shm, output, input, op)
+        return None
+
+    def barrier(self, tag: int) -> None:
+        """Return once every rank has entered (shared memory when available)."""
+        shm = self._shm_for("barrier")
+        if shm is None:
+            return self._p2p(super().barrier, tag)
+        shm_collectives.barrier(shm)
+        return None
+
+    def gather(self, output: Any, input: Any, root: int, tag: int) -> None:
+        """Gather every rank's ``input`` into ``root``'s ``output`` (point-to-point)."""
+        self._p2p(super().gather, output, input, root, tag)
+
+    def scatter(self, output: Any, input: Any, root: int, tag: int) -> None:
+        """Scatter ``root``'s ``input`` in equal chunks (point-to-point)."""
+        self._p2p(super().scatter, output, input, root, tag)
+
+    def all_to_all(
+        self, output: Any, input: Any, output_splits: Sequence[int],
+        input_splits: Sequence[int], tag: int,
+    ) -> None:
+        """Exchange chunks between every pair of ranks (point-to-point)."""
+        self._p2p(super().all_to_all, output, input, output_splits, input_splits, tag)
+
+    # -- fail-fast hooks (colls.health) --------------------------------------------------------
+    def set_failure_listener(self, callback: Any) -> None:
+        """Call ``callback(rank, error)`` when a peer's connection drops abruptly."""
+        self._engine.set_failure_listener(callback)
+
+    def abort(self, error: BaseException) -> None:
+        """Fail every pending operation with ``error`` and refuse new ones (the group broke)."""
+        self._engine.abort(error)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Stop the progress thread and close every connection; pending Work fails. Idempotent."""
         self._engine.close()
+        if self._shm is not None:
+            self._shm.close()
 
     def __repr__(self) -> str:
         return (

@@ -11,6 +11,15 @@ ranks that never showed up.
 Connecting never waits on the peer's program (the kernel completes the handshake from the listen
 backlog), so "connect down, then accept up, then read the answers" cannot deadlock.
 
+Let no one in: the listener binds only the advertised address and is closed once the mesh is
+built. A connection that has not sent a valid hello within ``COLLS_HANDSHAKE_TIMEOUT`` seconds is
+dropped. With an auth token (``COLLS_AUTH_TOKEN``, ``pg_options={"auth_token": ...}``, or the
+token of the TCPStore the group rendezvous through) the connecting rank opens with
+``AUTH_MAGIC + nonce`` instead of its hello; the accepting rank answers with its nonce and its
+HMAC proof (:mod:`colls.auth`), and only after checking the connecting rank's proof does it read
+the hello. In the step that reads the answers the connecting rank checks the accepting rank's
+proof and sends its own proof followed by its hello, so the no-deadlock order above still holds.
+
 The advertised address is ``COLLS_TCP_HOST`` when set; otherwise the address this host uses to
 reach the TCPStore's server (127.0.0.1 when that server is on loopback), and 127.0.0.1 for
 in-process and file stores.
@@ -27,7 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from colls import env
+from colls import auth, env
 from colls.errors import BackendError, CollsTimeoutError, NetworkError, StoreTimeoutError
 from colls_plugins.tcp._frames import (
     Hello,
@@ -54,6 +63,12 @@ CONNECT_RETRY_SECONDS = 0.05
 
 #: Store key under which rank ``r`` publishes its listening address.
 ADDRESS_KEY = "tcp/addr/{rank}"
+
+#: First bytes of an authenticating connection (a hello starts with b"CLTP").
+AUTH_MAGIC = b"CLTA"
+_AUTH_INIT_BYTES = len(AUTH_MAGIC) + auth.NONCE_BYTES
+_AUTH_REPLY_BYTES = auth.NONCE_BYTES + auth.PROOF_BYTES
+_PHASE_AUTH, _PHASE_PROOF, _PHASE_HELLO = 0, 1, 2
 
 _LOOPBACK = "127.0.0.1"
 
@@ -111,6 +126,31 @@ def _route_to(host: str, port: int) -> str:
             return _LOOPBACK
 
 
+def group_token(store: Store, options: BackendOptions) -> bytes | None:
+    """Return the auth token of a group: pg_options, else its TCPStore's, else the env's."""
+    given = options.extra.get("auth_token") if options.extra else None
+    if given is not None:
+        return auth.resolve_token(given)
+    base = store
+    while hasattr(base, "underlying_store"):
+        base = base.underlying_store
+    token = getattr(base, "auth_token", None)
+    if isinstance(token, bytes) and token:
+        return token
+    return auth.resolve_token(None)
+
+
+@dataclass
+class _Incoming:
+    """An accepted connection that has not yet sent a valid hello."""
+
+    deadline: float
+    buffer: bytearray
+    phase: int
+    client_nonce: bytes = b""
+    server_nonce: bytes = b""
+
+
 def tune_socket(sock: socket.socket) -> None:
     """Turn Nagle off and ask for large kernel buffers (best effort)."""
     for level, option, value in (
@@ -160,6 +200,9 @@ class _Setup:
         self.deadline = time.monotonic() + options.timeout
         self.address = ""
         self.connections: dict[int, Connection] = {}
+        self.token = group_token(store, options)
+        self.nonces: dict[int, bytes] = {}  # our nonce per lower peer (auth only)
+        self.handshake_s = float(env.get("COLLS_HANDSHAKE_TIMEOUT"))
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -210,8 +253,12 @@ class _Setup:
         for peer, address in self.lookup_lower().items():
             sock = self.connect(peer, address)
             self.connections[peer] = Connection(peer, sock, address)
+            first = self.hello()
+            if self.token is not None:  # the hello follows once the peer has proved itself
+                self.nonces[peer] = auth.new_nonce()
+                first = AUTH_MAGIC + self.nonces[peer]
             try:
-                sock.sendall(self.hello())
+                sock.sendall(first)
             except OSError as exc:
                 raise NetworkError(
                     f"tcp: rank {self.rank} cannot greet rank {peer} at {address}: {exc}"
@@ -227,34 +274,100 @@ class _Setup:
                 remaining = self.remaining()
                 if remaining <= 0:
                     raise self.timeout_error("no valid connection from", sorted(expected))
-                for key, _ in selector.select(remaining):
+                for key, _ in selector.select(self.select_timeout(selector, remaining)):
                     if key.data is None:
                         sock, _ = listener.accept()
                         tune_socket(sock)
                         sock.setblocking(False)
-                        selector.register(sock, selectors.EVENT_READ, bytearray())
+                        phase = _PHASE_HELLO if self.token is None else _PHASE_AUTH
+                        incoming = _Incoming(time.monotonic() + self.handshake_s, bytearray(),
+                                             phase)
+                        selector.register(sock, selectors.EVENT_READ, incoming)
                     else:
                         sock = key.fileobj  # type: ignore[assignment]
                         self.read_hello(selector, sock, key.data, expected)
+                self.drop_half_open(selector)
         finally:
             for key in list(selector.get_map().values()):
                 if key.data is not None:
                     key.fileobj.close()  # type: ignore[union-attr]
             selector.close()
 
+    def select_timeout(self, selector: selectors.BaseSelector, remaining: float) -> float:
+        """Return how long to wait: until the setup deadline or the next half-open deadline."""
+        deadlines = [k.data.deadline for k in selector.get_map().values() if k.data is not None]
+        if not deadlines:
+            return remaining
+        return max(0.0, min(remaining, min(deadlines) - time.monotonic()))
+
+    def drop_half_open(self, selector: selectors.BaseSelector) -> None:
+        """Close connections that did not send a valid hello within the handshake timeout."""
+        now = time.monotonic()
+        for key in list(selector.get_map().values()):
+            if key.data is not None and key.data.deadline <= now:
+                sock = key.fileobj
+                logger.warning("tcp: rank %d dropped a half-open connection from %s: no valid "
+                               "hello within %.1f s", self.rank, _peer_name(sock),  # type: ignore[arg-type]
+                               self.handshake_s)
+                selector.unregister(sock)
+                sock.close()  # type: ignore[union-attr]
+
+    def authenticate_incoming(self, sock: socket.socket, state: _Incoming) -> bool:
+        """Run the accepting side of the auth exchange; True once the peer has proved itself.
+
+        Raises:
+            HelloError: the peer is not authenticating, or its proof is wrong.
+        """
+        buffer = state.buffer
+        if self.token is None:
+            if buffer[: len(AUTH_MAGIC)] == AUTH_MAGIC:
+                raise HelloError("the peer authenticates (COLLS_AUTH_TOKEN) but this rank has "
+                                 "no token; set the same token on every rank")
+            return True
+        if state.phase == _PHASE_AUTH:
+            if len(buffer) < len(AUTH_MAGIC):
+                return False
+            if buffer[: len(AUTH_MAGIC)] != AUTH_MAGIC:
+                raise HelloError("unauthenticated connection refused (this group requires "
+                                 "COLLS_AUTH_TOKEN)")
+            if len(buffer) < _AUTH_INIT_BYTES:
+                return False
+            state.client_nonce = bytes(buffer[len(AUTH_MAGIC) : _AUTH_INIT_BYTES])
+            del buffer[:_AUTH_INIT_BYTES]
+            state.server_nonce = auth.new_nonce()
+            sock.sendall(state.server_nonce + auth.proof(
+                self.token, auth.TCP_SERVER, state.client_nonce, state.server_nonce))
+            state.phase = _PHASE_PROOF
+        if state.phase == _PHASE_PROOF:
+            if len(buffer) < auth.PROOF_BYTES:
+                return False
+            if not auth.verify(self.token, auth.TCP_CLIENT, state.server_nonce,
+                               state.client_nonce, buffer[: auth.PROOF_BYTES]):
+                raise HelloError("authentication failed: wrong COLLS_AUTH_TOKEN")
+            del buffer[: auth.PROOF_BYTES]
+            state.phase = _PHASE_HELLO
+        return True
+
     def read_hello(
         self,
         selector: selectors.BaseSelector,
         sock: socket.socket,
-        buffer: bytearray,
+        state: _Incoming,
         expected: set[int],
     ) -> None:
         peer_name = _peer_name(sock)
+        buffer = state.buffer
         try:
             chunk = sock.recv(4096)
             if not chunk:
-                raise HelloError("closed before sending a hello")
+                raise HelloError(
+                    "closed during authentication (it rejected this rank's proof: a different "
+                    "COLLS_AUTH_TOKEN?)" if state.phase == _PHASE_PROOF
+                    else "closed before sending a hello"
+                )
             buffer += chunk
+            if not self.authenticate_incoming(sock, state):
+                return
             hello, _ = decode_hello(buffer)
             if hello is None:
                 return
@@ -281,17 +394,43 @@ class _Setup:
         self.connections[hello.rank] = Connection(hello.rank, sock, hello.address)
 
     # -- step 4: read the answers of lower ranks ------------------------------------------------
+    def prove_to(self, peer: int, conn: Connection) -> None:
+        """Check ``peer``'s proof, then send ours and the hello (connecting side, with auth).
+
+        Raises:
+            HelloError: the peer's proof is wrong or it closed the connection.
+        """
+        reply = bytearray()
+        while len(reply) < _AUTH_REPLY_BYTES:
+            chunk = conn.sock.recv(_AUTH_REPLY_BYTES - len(reply))
+            if not chunk:
+                raise HelloError("closed the connection during authentication (is "
+                                 "COLLS_AUTH_TOKEN set to the same value on every rank?)")
+            reply += chunk
+        server_nonce = bytes(reply[: auth.NONCE_BYTES])
+        assert self.token is not None  # only called with auth
+        if not auth.verify(self.token, auth.TCP_SERVER, self.nonces[peer], server_nonce,
+                           reply[auth.NONCE_BYTES :]):
+            raise HelloError("could not prove it knows COLLS_AUTH_TOKEN")
+        conn.sock.sendall(
+            auth.proof(self.token, auth.TCP_CLIENT, server_nonce, self.nonces[peer])
+            + self.hello()
+        )
+
     def read_answers(self) -> None:
         for peer in range(self.rank):
             conn = self.connections[peer]
             buffer = bytearray()
             conn.sock.settimeout(max(self.remaining(), 0.001))
             try:
+                if self.token is not None:
+                    self.prove_to(peer, conn)
                 hello = None
                 while hello is None:
                     chunk = conn.sock.recv(4096)
                     if not chunk:
-                        raise HelloError("closed the connection instead of answering")
+                        raise HelloError("closed the connection instead of answering (a "
+                                         "different COLLS_AUTH_TOKEN on that rank?)")
                     buffer += chunk
                     hello, _ = decode_hello(buffer)
                 check_hello(hello, group=self.group, world_size=self.world_size, ranks={peer})

@@ -29,16 +29,28 @@ fails all pending work. :meth:`Engine.close` fails whatever is still pending wit
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import socket
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from colls.errors import BackendError, NetworkError
 from colls.work import Work
 from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, byte_view
 from colls_plugins.tcp._matching import MatchTable, Message, RecvOp
+from colls_plugins.tcp._mismatch import (
+    PROBE_AFTER_S,
+    PROBE_TAG,
+    Tracker,
+    probe_field,
+    probed_tag,
+)
 from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, Peer, SendOp, consume, gather
 from colls_plugins.tcp.connections import Connection
 
@@ -54,8 +66,25 @@ DRAIN_CHUNK_BYTES = 1 << 20
 #: Seconds close() waits for the progress thread to exit.
 JOIN_TIMEOUT_SECONDS = 10.0
 
+#: How long a thread about to wait for a receive reads the sockets itself (seconds), and how
+#: many polls it makes between two ``sched_yield`` calls.
+CALLER_POLL_SECONDS = 0.0002
+CALLER_POLLS_PER_YIELD = 8
+
+#: Copies at least this large go through NumPy, which releases the GIL while it copies.
+NUMPY_COPY_BYTES = 1 << 16
+
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 _GOODBYE = HEADER.pack(GOODBYE_TAG, 0)
+
+
+def copy_bytes(dst: memoryview, src: memoryview) -> None:
+    """Copy ``src`` into ``dst`` (byte views of one size); large copies release the GIL."""
+    if dst.nbytes >= NUMPY_COPY_BYTES:
+        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+    else:
+        dst[:] = src
+
 
 class Engine:
     """Point-to-point over a mesh of connections, progressed by one background thread.
@@ -73,9 +102,13 @@ class Engine:
         self.rank = rank
         self._timeout = timeout
         self._lock = threading.Lock()
+        self._rx_lock = threading.Lock()  # held by whichever thread reads the sockets
         self._table = MatchTable()
         self._closed = False
         self._broken: BackendError | None = None
+        # fail-fast hooks (colls.health): mismatch tracking and the peer-lost listener
+        self._tracker = Tracker()
+        self._on_peer_lost: Callable[[int, BaseException], None] | None = None
         self._abrupt: NetworkError | None = None
         self._peers = {r: Peer(c) for r, c in connections.items()}
         self._scratch: memoryview | None = None
@@ -143,8 +176,16 @@ class Engine:
             message = None if refusal else self._table.take_unexpected(src, tag)
             if refusal is None and message is None:
                 refusal = self._recv_refusal(src)
+                conflict = None if refusal else self._tracker.on_post(src, tag, time.monotonic())
+                if conflict is not None:
+                    refusal = BackendError(f"{work.description}: {conflict}")
                 if refusal is None:
                     self._table.post(op)
+                    # No wake-up here: waking the progress thread on every receive costs the
+                    # caller a GIL hand-off (about a scheduler tick on a busy host). The thread
+                    # never sleeps longer than PROBE_AFTER_S (_probe_timeout), so a due probe
+                    # goes out at most that late.
+                    self._tracker.wake_needed = False
                     return work
             if message is not None and not message.done:
                 if len(message.buffer) == view.nbytes:
@@ -156,6 +197,77 @@ class Engine:
         elif message is not None:
             self._complete_from(op, message)
         return work
+
+    def peer_error(self, rank: int) -> BaseException | None:
+        """Return why waiting for ``rank`` is pointless (closed, broken, peer lost), or None.
+
+        Used by the shared-memory collectives, which learn of a dead peer from its connection.
+        """
+        refusal = self._refusal()
+        if refusal is not None:
+            return refusal
+        peer = self._peers.get(rank)
+        return peer.dead if peer is not None else None
+
+    # -- fail-fast hooks (colls.health) --------------------------------------------------------
+    def set_failure_listener(self, callback: Callable[[int, BaseException], None]) -> None:
+        """Call ``callback(rank, error)`` (progress thread) when a peer vanishes abruptly."""
+        self._on_peer_lost = callback
+
+    def abort(self, error: BackendError) -> None:
+        """Fail every pending operation with ``error`` and refuse new ones. Idempotent.
+
+        The group is broken: connections stay open (peers learn the cause from colls.health,
+        not from a dropped connection) until close(). Buffers of failed receives are undefined.
+        """
+        with self._lock:
+            if self._closed or self._broken is not None:
+                return
+            self._broken = error
+            pending: list[Any] = self._table.remove_all()
+            for peer in self._peers.values():
+                pending.extend(self._rx_pending(peer))
+        for peer in self._peers.values():
+            with peer.send_lock:
+                pending.extend(peer.send_queue)
+        for op in pending:
+            op.work.set_exception(error)
+
+    def _probe_timeout(self) -> float:
+        """Seconds the progress thread may sleep: until the next probe, at most PROBE_AFTER_S.
+
+        The bound lets a receive posted while the thread sleeps get its probe in time without
+        waking the thread (an idle engine wakes twice a second: no measurable CPU).
+        """
+        due = self._tracker.next_probe
+        if due is None:
+            return PROBE_AFTER_S
+        return min(PROBE_AFTER_S, max(0.0, due - time.monotonic()))
+
+    def _send_probes(self) -> None:
+        """Ask peers about collective receives pending too long (progress thread)."""
+        with self._lock:
+            due = self._tracker.due_probes(time.monotonic(), self._table)
+        for src, tag in due:
+            peer = self._peers.get(src)
+            if peer is not None:
+                self._send_probe(peer, tag)
+
+    def _send_probe(self, peer: Peer, tag: int) -> None:
+        header = memoryview(HEADER.pack(PROBE_TAG, probe_field(tag)))
+        with peer.send_lock:
+            if peer.dead is not None:
+                return
+            peer.send_queue.append(SendOp(Work(), deque([header]), None))
+        self._flush(peer)
+
+    def _on_probe(self, peer: Peer, expected: int) -> None:
+        with self._lock:
+            stale, conflict, answer = self._tracker.on_probe(peer.rank, expected, self._table)
+        for op in stale:
+            op.work.set_exception(BackendError(f"{op.work.description}: {conflict}"))
+        if answer is not None:
+            self._send_probe(peer, answer)  # the prober learns of the conflict too
 
     def close(self) -> None:
         """Stop the thread, say goodbye to peers, close sockets, fail pending work. Idempotent."""
@@ -206,7 +318,9 @@ class Engine:
         if len(message.buffer) != op.view.nbytes:
             op.work.set_exception(self._size_error(op, message.src, len(message.buffer)))
             return
-        op.view[:] = message.buffer
+        copy_bytes(op.view, message.buffer)
+        with self._lock:
+            self._table.recycle(message.buffer)
         op.work.set_result(message.src)
 
     def _send_local(self, work: Work, view: memoryview, tag: int) -> Work:
@@ -216,7 +330,7 @@ class Engine:
             op = None if refusal else self._table.match_arrival(self.rank, tag)
             if refusal is None and op is None:
                 message = self._table.add_unexpected(self.rank, tag, view.nbytes)
-                message.buffer[:] = view
+                copy_bytes(message.buffer, view)
                 message.done = True
         if refusal is not None:
             work.set_exception(refusal)
@@ -224,7 +338,7 @@ class Engine:
         if op is not None and op.view.nbytes != view.nbytes:
             op.work.set_exception(self._size_error(op, self.rank, view.nbytes))
         elif op is not None:
-            op.view[:] = view
+            copy_bytes(op.view, view)
             op.work.set_result(self.rank)
         work.set_result(None)
         return work
@@ -262,7 +376,9 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._closed:
-                for key, mask in self._selector.select():
+                if self._tracker.next_probe is not None:
+                    self._send_probes()
+                for key, mask in self._selector.select(self._probe_timeout()):
                     peer = key.data
                     if peer is None:
                         self._on_wake()
@@ -270,7 +386,8 @@ class Engine:
                     if mask & selectors.EVENT_WRITE and peer.dead is None:
                         self._flush(peer)
                     if mask & selectors.EVENT_READ and peer.dead is None:
-                        self._on_readable(peer)
+                        with self._rx_lock:
+                            self._on_readable(peer)
         except BaseException as exc:  # never die silently: fail everything pending
             self._crash(exc)
 
@@ -322,8 +439,41 @@ class Engine:
         if error is not None:
             self._fail_peer(peer, f"send failed: {error}")
 
-    def _on_readable(self, peer: Peer) -> None:
-        """Read what ``peer``'s socket holds, a bounded number of calls (progress thread)."""
+    def poll_until(self, work: Work, seconds: float = CALLER_POLL_SECONDS) -> None:
+        """Read the sockets on the calling thread until ``work`` completes or ``seconds`` pass.
+
+        A thread about to wait for a receive calls this first: when the message comes within
+        the budget, it is read and completed right here, without waking the progress thread
+        and then the waiter (two scheduler wake-ups and GIL hand-offs per message). Only one
+        thread reads at a time (``_rx_lock``); a connection error is left to the progress
+        thread to report.
+        """
+        if self._thread is None:
+            return
+        peers = list(self._peers.values())
+        deadline = time.perf_counter() + seconds
+        polls = 0
+        while not work.is_completed():
+            if self._rx_lock.acquire(blocking=False):
+                try:
+                    for peer in peers:
+                        if peer.dead is None:
+                            self._on_readable(peer, caller=True)
+                finally:
+                    self._rx_lock.release()
+            if work.is_completed() or time.perf_counter() >= deadline:
+                return
+            polls += 1
+            if polls % CALLER_POLLS_PER_YIELD == 0:
+                os.sched_yield()  # ranks may outnumber cores: let the sender run
+
+    def _on_readable(self, peer: Peer, *, caller: bool = False) -> int:
+        """Read what ``peer``'s socket holds, a bounded number of calls (``_rx_lock`` held).
+
+        Returns the bytes read. ``caller``: a waiting thread polls (:meth:`poll_until`); it
+        leaves errors and EOF to the progress thread, which sees them again on its next read.
+        """
+        total = 0
         for _ in range(READ_BUDGET):
             try:
                 if peer.rx_mode == RX_DRAIN:
@@ -332,16 +482,20 @@ class Engine:
                 else:
                     n = peer.sock.recv_into(peer.rx_view[peer.rx_pos :])
             except BlockingIOError:
-                return
+                return total
             except OSError as exc:
-                self._fail_peer(peer, str(exc) or type(exc).__name__)
-                return
+                if not caller:
+                    self._fail_peer(peer, str(exc) or type(exc).__name__)
+                return total
             if n == 0:
-                self._fail_peer(peer, "peer closed the connection")
-                return
+                if not caller:
+                    self._fail_peer(peer, "peer closed the connection")
+                return total
+            total += n
             self._advance_rx(peer, n)
             if peer.dead is not None:
-                return
+                return total
+        return total
 
     def _scratch_view(self) -> memoryview:
         if self._scratch is None:
@@ -363,6 +517,9 @@ class Engine:
         tag, nbytes = HEADER.unpack(peer.rx_header)
         if tag == GOODBYE_TAG:
             self._fail_peer(peer, "peer closed its backend", orderly=True)
+        elif tag == PROBE_TAG:
+            peer.reset_rx()
+            self._on_probe(peer, probed_tag(nbytes))
         else:
             self._start_body(peer, tag, nbytes)
 
@@ -371,6 +528,7 @@ class Engine:
         mismatched = None
         with self._lock:
             op = self._table.match_arrival(peer.rank, tag)
+            stale, conflict = self._tracker.on_arrival(peer.rank, tag, op is not None, self._table)
             if op is None:
                 peer.rx_msg = self._table.add_unexpected(peer.rank, tag, nbytes)
                 target = memoryview(peer.rx_msg.buffer)
@@ -379,6 +537,8 @@ class Engine:
             else:
                 peer.rx_op = op
                 target = op.view
+        for stale_op in stale:  # a receive this message proves can never match
+            stale_op.work.set_exception(BackendError(f"{stale_op.work.description}: {conflict}"))
         if mismatched is not None:
             mismatched.work.set_exception(self._size_error(mismatched, peer.rank, nbytes))
             peer.reset_rx()
@@ -411,6 +571,9 @@ class Engine:
             f"tcp: connection to rank {peer.rank} ({peer.address}) lost: {cause}"
         )
         peer.dead = error
+        listener = self._on_peer_lost
+        if not orderly and listener is not None:
+            listener(peer.rank, error)  # colls.health breaks the group before works fail
         with peer.send_lock:
             sends = list(peer.send_queue)
             peer.send_queue.clear()

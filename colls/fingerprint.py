@@ -1,0 +1,262 @@
+"""Collective fingerprints: never let mismatched calls across ranks produce a wrong result.
+
+Two layers, both built here and called from :mod:`colls._dispatch`:
+
+* **Signature in every tag** (always on, free). A collective's tag is negative and encodes its
+  sequence number together with a 24-bit *signature* of what all ranks must agree on: the
+  operation (8 bits, readable back) and a 16-bit hash of the dtype, the agreed element count,
+  the root and the reduce op. Messages of mismatched calls therefore carry different tags and are
+  never matched to each other, so no rank combines bytes of another collective. A transport that
+  matches by tag (tcp) turns "a message with the same sequence number but another signature" into
+  an immediate error naming the peer (see :func:`describe_tag_conflict`); one that does not still
+  cannot mix the data, and its timeout ends the call.
+
+  Layout: ``tag = -(1 + (sequence << 24 | op_code << 16 | hash16))``.
+
+* **Full check under** ``COLLS_DEBUG=detail``. Before each collective every rank all-gathers a
+  fixed-size text fingerprint (op, sequence number, dtype, shape, root, reduce op, group) through
+  the group's own backend, so it works for every backend including third-party ones. If any
+  differs, every rank raises :class:`CollectiveMismatchError` (a ``ValueError``) naming the ranks
+  that differ and how, before any data moves; the group stays usable.
+
+Which argument's size must agree is op specific (``all_to_all`` sizes legitimately differ);
+:data:`AGREED_ARG` lists it per op. Ops not listed are checked on op, dtype, root and reduce op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from colls.process_group import ProcessGroup
+
+#: Bits of the tag below the sequence number: 8 for the op code, 16 for the argument hash.
+SIGNATURE_BITS = 24
+_HASH_BITS = 16
+_HASH_MASK = (1 << _HASH_BITS) - 1
+_OP_MASK = 0xFF
+#: Op code of operations not in :data:`OP_CODES` (checked by hash only).
+UNKNOWN_OP_CODE = 0xFF
+
+#: Operations with a readable op code in tags. Append only: the codes are part of the wire.
+KNOWN_OPS = (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "fingerprint",
+)
+OP_CODES = {name: i + 1 for i, name in enumerate(KNOWN_OPS)}
+
+#: Per op, the argument whose element count (and shape, under COLLS_DEBUG=detail) every rank
+#: must pass identically. Ops not listed have no agreed size (all_to_all, barrier, ...).
+AGREED_ARG = {
+    "all_reduce": "tensor",
+    "broadcast": "tensor",
+    "reduce": "tensor",
+    "all_gather": "tensor",
+    "all_gather_into_tensor": "input_tensor",
+    "gather": "tensor",
+    "scatter": "tensor",
+    "reduce_scatter": "output",
+    "reduce_scatter_tensor": "output",
+}
+
+#: Bytes of the text fingerprint exchanged under COLLS_DEBUG=detail.
+FINGERPRINT_BYTES = 256
+_DIGEST_BYTES = 16
+
+
+class CollectiveMismatchError(ValueError):
+    """Ranks called different collectives (or with different arguments) at the same point."""
+
+
+@dataclass
+class CallRecord:
+    """What :mod:`colls._dispatch` saw of one call's arguments, for its signature.
+
+    Attributes:
+        op: the operation name ("all_reduce").
+        dtype: name of the first array argument's dtype, or None without arrays.
+        shapes: shape of each single-array argument, by argument name.
+        root: the group rank of the root, for rooted ops.
+        reduce_op: the reduce op's name, for reductions.
+    """
+
+    op: str
+    dtype: str | None = None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    root: int | None = None
+    reduce_op: str | None = None
+
+    def agreed_shape(self) -> tuple[int, ...] | None:
+        """Return the shape every rank must pass for this op, or None if there is none."""
+        arg = AGREED_ARG.get(self.op)
+        return None if arg is None else self.shapes.get(arg)
+
+    def agreed_numel(self) -> int | None:
+        """Return the element count every rank must pass, or None."""
+        shape = self.agreed_shape()
+        return None if shape is None else math.prod(shape)
+
+    def signature(self) -> int:
+        """Return the 24-bit signature carried by this call's tag."""
+        code = OP_CODES.get(self.op, UNKNOWN_OP_CODE)
+        text = f"{self.op}|{self.dtype}|{self.agreed_numel()}|{self.root}|{self.reduce_op}"
+        digest = zlib.crc32(text.encode("utf-8")) & _HASH_MASK
+        return (code << _HASH_BITS) | digest
+
+    def describe(self, seq: int, group: str) -> str:
+        """Return the text fingerprint exchanged under COLLS_DEBUG=detail."""
+        shape = self.agreed_shape()
+        fields = {
+            "op": self.op,
+            "seq": str(seq),
+            "dtype": self.dtype or "-",
+            "shape": "-" if shape is None else str(tuple(shape)),
+            "root": "-" if self.root is None else str(self.root),
+            "reduce_op": self.reduce_op or "-",
+            "group": group,
+        }
+        return ";".join(f"{k}={v}" for k, v in fields.items())
+
+
+# -- tags ---------------------------------------------------------------------------------------
+
+
+def collective_tag(seq: int, signature: int) -> int:
+    """Return the (negative) tag of collective number ``seq`` with ``signature``."""
+    return -1 - ((seq << SIGNATURE_BITS) | (signature & ((1 << SIGNATURE_BITS) - 1)))
+
+
+def tag_sequence(tag: int) -> int:
+    """Return the sequence number encoded in a collective (negative) tag."""
+    return (-1 - tag) >> SIGNATURE_BITS
+
+
+def _tag_op(tag: int) -> str:
+    code = ((-1 - tag) >> _HASH_BITS) & _OP_MASK
+    if 1 <= code <= len(KNOWN_OPS):
+        return KNOWN_OPS[code - 1]
+    return "an operation outside colls' list"
+
+
+def describe_tag_conflict(
+    expected: int, arrived: int, peer: int, *, holder: str = "this rank"
+) -> str:
+    """Explain why tag ``arrived`` from rank ``peer`` conflicts with ``expected`` of ``holder``.
+
+    Used by transports that see two tags of the same collective number (or a peer that moved on
+    to a later collective while a receive for ``expected`` is pending).
+    """
+    seq, other_seq = tag_sequence(expected), tag_sequence(arrived)
+    mine, theirs = _tag_op(expected), _tag_op(arrived)
+    if other_seq > seq:
+        return (
+            f"mismatched collectives: rank {peer} moved on to collective #{other_seq} "
+            f"({theirs}) without sending what {holder} expects in collective #{seq} "
+            f"({mine}); the ranks called different collectives or passed different sizes"
+        )
+    if mine != theirs:
+        return (
+            f"mismatched collectives: collective #{seq} is {mine} on {holder} but "
+            f"{theirs} on rank {peer}"
+        )
+    return (
+        f"mismatched collectives: collective #{seq} ({mine}) was called with a different "
+        f"dtype, element count, root or reduce op on rank {peer} than on {holder}; set "
+        "COLLS_DEBUG=detail on every rank to see which"
+    )
+
+
+# -- COLLS_DEBUG=detail --------------------------------------------------------------------------
+
+
+def encode(text: str) -> np.ndarray:
+    """Return ``text`` as a fixed-size uint8 array (long texts end with a digest of the rest)."""
+    raw = text.encode("utf-8")
+    if len(raw) > FINGERPRINT_BYTES:
+        digest = hashlib.blake2b(raw, digest_size=_DIGEST_BYTES).hexdigest().encode("ascii")
+        raw = raw[: FINGERPRINT_BYTES - len(digest) - 1] + b"#" + digest
+    out = np.zeros(FINGERPRINT_BYTES, dtype=np.uint8)
+    out[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    return out
+
+
+def decode(row: np.ndarray) -> str:
+    """Return the text held by one fingerprint row."""
+    return bytes(row).rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _fields(text: str) -> dict[str, str]:
+    pairs = (part.partition("=") for part in text.split(";") if part)
+    return {k: v for k, _, v in pairs}
+
+
+def explain(texts: list[str], global_rank: Any = lambda r: r) -> str | None:
+    """Return how the fingerprints of the ranks differ, or None when they all agree.
+
+    The most common fingerprint (rank 0's on a tie) is the reference; every rank holding
+    another one is named with the fields that differ.
+
+    Args:
+        texts: one fingerprint text per group rank.
+        global_rank: maps a group rank to the world rank shown in the message.
+    """
+    counts = Counter(texts)
+    if len(counts) == 1:
+        return None
+    top = max(counts.values())
+    reference_text = next(t for t in texts if counts[t] == top)
+    ref_rank = global_rank(texts.index(reference_text))
+    reference = _fields(reference_text)
+    lines = []
+    for rank, text in enumerate(texts):
+        if text == reference_text:
+            continue
+        fields = _fields(text)
+        diffs = [
+            f"{key}={fields.get(key, '?')} where rank {ref_rank} has {key}={value}"
+            for key, value in reference.items()
+            if fields.get(key) != value
+        ]
+        lines.append(f"rank {global_rank(rank)} differs: " + ", ".join(diffs))
+    return "; ".join(lines)
+
+
+def check_across_ranks(pg: ProcessGroup, record: CallRecord, seq: int, tag: int) -> None:
+    """All-gather ``record``'s fingerprint over ``pg``'s backend; raise if any rank differs.
+
+    Raises:
+        CollectiveMismatchError: on every rank, naming the ranks that differ and how.
+    """
+    text = record.describe(seq, pg.name)
+    mine = encode(text)
+    gathered = np.empty(FINGERPRINT_BYTES * pg.size, dtype=np.uint8)
+    pg.backend.all_gather(gathered, mine, tag)
+    texts = [decode(row) for row in gathered.reshape(pg.size, FINGERPRINT_BYTES)]
+    problem = explain(texts, pg.global_rank)
+    if problem is not None:
+        raise CollectiveMismatchError(
+            f"COLLS_DEBUG=detail: collective #{seq} on group {pg.name!r} does not match across "
+            f"ranks: {problem}"
+        )
+
+
+FINGERPRINT_RECORD = CallRecord(op="fingerprint")
+
+__all__ = [
+    "AGREED_ARG",
+    "CallRecord",
+    "CollectiveMismatchError",
+    "check_across_ranks",
+    "collective_tag",
+    "describe_tag_conflict",
+    "explain",
+    "tag_sequence",
+]

@@ -1,0 +1,457 @@
+"""Fail fast: broken groups, and how a failure seen by one rank reaches every rank.
+
+A :class:`GroupHealth` belongs to one :class:`~colls.process_group.ProcessGroup`. The group is
+*broken* by the first of four signals:
+
+1. a collective of the group fails on this rank (timeout, mismatched call, transport error);
+2. the backend reports that a peer vanished (tcp: EOF or reset on its connection), through the
+   optional backend hook ``set_failure_listener(callback)``;
+3. another rank recorded a failure in the job's store (see below);
+4. the connection to the store itself is lost: its host (world rank 0) died.
+
+Breaking a group records why (a :class:`~colls.errors.BackendError` naming the failed rank and the
+operation), calls the optional backend hook ``abort(error)`` so that every pending operation of
+the group fails at once, fails the group's outstanding async Works, and makes every later call on
+the group raise that error at once. Signals 1 and 2 are also *recorded in the store* so that ranks
+which do not talk to the failed one stop too.
+
+Failure records live under ``__colls_store__/health/failed/<n>`` of the world store, n = 0, 1,
+...; a reporter claims the first free slot with ``compare_set`` (atomic, no counter to lose). Each
+process runs one watcher thread per world store that reads the records in order: a TCPStore get
+is parked on the server (and re-issued when the store timeout ends it), so an idle watcher costs
+no traffic; a FileStore is polled with ``check``
+twice a second; a HashStore (one process) is not watched. Records are JSON, never pickle.
+
+The store host leaving in an orderly way (``destroy_process_group`` on rank 0) writes a
+``shutdown`` record first, so the other ranks stop watching instead of taking the end of the store
+for a death.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from colls import env
+from colls.errors import BackendError, NetworkError, StoreError, StoreTimeoutError
+from colls.fingerprint import CollectiveMismatchError
+from colls.store.base import INTERNAL_KEY_PREFIX
+from colls.store.file import FileStore
+from colls.store.hash import HashStore
+
+if TYPE_CHECKING:
+    from colls.process_group import ProcessGroup
+    from colls.store.base import Store
+    from colls.work import Work
+
+logger = logging.getLogger("colls.health")
+
+#: Store key of the n-th failure record.
+RECORD_KEY = INTERNAL_KEY_PREFIX + "health/failed/{index}"
+#: Seconds between two checks of a store that cannot park a wait cheaply (FileStore).
+POLL_INTERVAL_S = 0.5
+#: Longest failure reason copied into a record (the store caps values; reasons are for humans).
+MAX_REASON_CHARS = 4000
+#: Seconds closing a group (or exiting) waits for its failure records to reach the store.
+REPORT_FLUSH_S = 5.0
+#: Seconds a collective that lost a connection waits for the peer's record of why it left.
+CATCH_UP_GRACE_S = 0.25
+#: Slots a reporter tries before giving up (each failed try means another rank reported).
+MAX_REPORT_SLOTS = 10_000
+
+SHUTDOWN = "shutdown"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failure written to the store (JSON).
+
+    Attributes:
+        kind: ``failed``, or ``shutdown`` when the store host leaves in an orderly way.
+        group: name of the group that failed.
+        reporter: world rank that wrote the record.
+        dead: world rank that died, when known (it breaks every group containing it).
+        op: the operation, e.g. ``all_reduce #5``.
+        reason: what happened, for the error message.
+    """
+
+    kind: str
+    group: str = ""
+    reporter: int = -1
+    dead: int | None = None
+    op: str = ""
+    reason: str = ""
+
+    def encode(self) -> bytes:
+        """Return the record as JSON bytes."""
+        return json.dumps(asdict(self)).encode("utf-8")
+
+    @classmethod
+    def decode(cls, data: bytes) -> FailureRecord | None:
+        """Return the record held by ``data``, or None if it is not one (logged)."""
+        try:
+            fields = json.loads(data.decode("utf-8"))
+            record = cls(**fields)
+        except (ValueError, TypeError) as exc:
+            logger.warning("colls: ignoring a malformed failure record %r: %s", data[:200], exc)
+            return None
+        return record
+
+
+# -- the per-process watcher -------------------------------------------------------------------
+
+
+class _Watcher:
+    """Reads failure records of one world store and applies them to this process's groups."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.groups: set[GroupHealth] = set()
+        self.next_index = 0
+        self._reports: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._blocking = not isinstance(store, FileStore)
+        self._thread = threading.Thread(target=self._run, name="colls-health", daemon=True)
+        self._thread.start()
+
+    def add(self, health: GroupHealth) -> None:
+        with self._lock:
+            self.groups.add(health)
+
+    def remove(self, health: GroupHealth) -> bool:
+        """Forget ``health``; return True when no group is left (the watcher then stops)."""
+        with self._lock:
+            self.groups.discard(health)
+            if self.groups:
+                return False
+        self._stop.set()
+        if getattr(self.store, "is_master", False):
+            self.report(FailureRecord(kind=SHUTDOWN, reason="the store host left"), wait=True)
+        return True
+
+    # -- reporting -------------------------------------------------------------------------------
+    def report(self, record: FailureRecord, *, wait: bool = False) -> None:
+        """Append ``record`` to the store (in a helper thread unless ``wait``).
+
+        The failing caller must not block on the store; :meth:`flush` (called when a group is
+        closed, and at interpreter exit) makes sure the record is out before this process's
+        connections close, so that peers learn the cause before they see the connections drop.
+        """
+        if wait:
+            self._append(record)
+            return
+        thread = threading.Thread(
+            target=self._append, args=(record,), name="colls-health-report", daemon=True
+        )
+        with self._lock:
+            self._reports.add(thread)
+            thread.start()
+
+    def flush(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the records being written."""
+        with self._lock:
+            reports = list(self._reports)
+        for thread in reports:
+            thread.join(timeout)
+
+    def _append(self, record: FailureRecord) -> None:
+        try:
+            self._write(record)
+        finally:
+            with self._lock:
+                self._reports.discard(threading.current_thread())
+
+    def _write(self, record: FailureRecord) -> None:
+        payload = record.encode()
+        index = self.next_index
+        try:
+            for index in range(self.next_index, self.next_index + MAX_REPORT_SLOTS):
+                key = RECORD_KEY.format(index=index)
+                if self.store.compare_set(key, b"", payload) == payload:
+                    return
+        except (StoreError, BackendError, OSError) as exc:
+            logger.info("colls: could not record a failure in %s: %s", self.store, exc)
+            return
+        logger.warning("colls: no free failure-record slot after index %d", index)
+
+    # -- watching --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            key = RECORD_KEY.format(index=self.next_index)
+            try:
+                payload = self._next_record(key)
+                if payload is None:
+                    continue
+            except StoreTimeoutError:
+                continue
+            except NetworkError as exc:
+                if not self._stop.is_set():
+                    self._store_lost(exc)
+                return
+            except (StoreError, OSError, ValueError):  # closed under us: destroy is running
+                return
+            self.next_index += 1
+            record = FailureRecord.decode(payload)
+            if record is None:
+                continue
+            if record.kind == SHUTDOWN:
+                return
+            self._apply(record)
+
+    def _next_record(self, key: str) -> bytes | None:
+        """Return record ``key`` once it exists (None: not yet, poll again)."""
+        if self._blocking:
+            return self.store.get(key)  # parked on the server until the key is set
+        if self.store.check([key]):
+            return self.store.get(key)
+        self._stop.wait(POLL_INTERVAL_S)
+        return None
+
+    def catch_up(self) -> None:
+        """Apply the records already in the store now, on the calling thread.
+
+        A rank that closes a broken group writes its record before its connections close, so
+        a peer that sees a connection close can find the cause here first.
+        """
+        index = self.next_index
+        try:
+            while self.store.check([RECORD_KEY.format(index=index)]):
+                record = FailureRecord.decode(self.store.get(RECORD_KEY.format(index=index)))
+                index += 1
+                if record is not None and record.kind == FAILED:
+                    self._apply(record)
+        except (StoreError, BackendError, OSError):
+            return  # the watcher thread reports a lost store
+
+    def _apply(self, record: FailureRecord) -> None:
+        with self._lock:
+            groups = list(self.groups)
+        for health in groups:
+            health.apply(record)
+
+    def _store_lost(self, exc: BaseException) -> None:
+        with self._lock:
+            groups = list(self.groups)
+        for health in groups:
+            health.store_lost(self.store, exc)
+
+
+_watchers: dict[int, _Watcher] = {}
+_watchers_lock = threading.Lock()
+
+
+@atexit.register
+def _flush_reports_at_exit() -> None:
+    """Let failure records reach the store before the process's sockets close."""
+    with _watchers_lock:
+        watchers = list(_watchers.values())
+    for watcher in watchers:
+        watcher.flush(REPORT_FLUSH_S)
+
+
+def _base_store(store: Store) -> Store:
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
+def _attach(health: GroupHealth, store: Store) -> _Watcher | None:
+    base = _base_store(store)
+    if isinstance(base, HashStore):
+        return None  # one process: nobody else to hear from
+    with _watchers_lock:
+        watcher = _watchers.get(id(base))
+        if watcher is None or watcher.store is not base:
+            watcher = _Watcher(base)
+            _watchers[id(base)] = watcher
+        watcher.add(health)
+    return watcher
+
+
+def _detach(health: GroupHealth, watcher: _Watcher) -> None:
+    with _watchers_lock:
+        if watcher.remove(health) and _watchers.get(id(watcher.store)) is watcher:
+            del _watchers[id(watcher.store)]
+
+
+# -- one group ----------------------------------------------------------------------------------
+
+
+class GroupHealth:
+    """Whether one process group is usable, and the machinery that breaks it (module docstring).
+
+    Args:
+        pg: the group; its backend may offer ``abort(error)`` and
+            ``set_failure_listener(callback)`` (both optional, duck-typed).
+    """
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        self._pg = pg
+        #: COLLS_DEBUG=detail, read once when the group is created (the same on every rank).
+        self.detail = env.get("COLLS_DEBUG") == "detail"
+        self._lock = threading.Lock()
+        self._error: BackendError | None = None
+        self._broken_event = threading.Event()
+        self._current: str | None = None
+        self._last: str | None = None
+        self._works: set[Work] = set()
+        self._closed = False
+        listen = getattr(pg.backend, "set_failure_listener", None)
+        if callable(listen):
+            listen(self._peer_lost)
+        self._watcher = _attach(self, pg.store)
+
+    @property
+    def error(self) -> BackendError | None:
+        """Why the group is broken, or None while it is usable."""
+        return self._error
+
+    def check(self, op: str) -> None:
+        """Raise at once if the group is broken.
+
+        Raises:
+            BackendError: the group is broken (names the failed rank and operation).
+        """
+        error = self._error
+        if error is not None:
+            fresh = BackendError(f"{op}: {error}")
+            fresh.__cause__ = error.__cause__
+            raise fresh
+
+    # -- bookkeeping of the running operation -------------------------------------------------
+    def begin(self, label: str) -> None:
+        """Note that collective ``label`` ("all_reduce #5") is running (for error messages)."""
+        self._current = label
+
+    def end(self, label: str) -> None:
+        """Note that collective ``label`` has ended."""
+        self._last, self._current = label, None
+
+    def track(self, work: Work) -> None:
+        """Fail ``work`` too if the group breaks before it completes."""
+        with self._lock:
+            if self._error is None:
+                self._works.add(work)
+                work.add_done_callback(self._untrack)
+                return
+            error = self._error
+        work.set_exception(error)
+
+    def _untrack(self, work: Work) -> None:
+        with self._lock:
+            self._works.discard(work)
+
+    def _where(self) -> str:
+        if self._current is not None:
+            return f"during {self._current}"
+        if self._last is not None:
+            return f"after {self._last}, between collectives"
+        return "before any collective"
+
+    def _me(self) -> int:
+        return self._pg.global_rank(self._pg.rank)
+
+    # -- signals -------------------------------------------------------------------------------
+    def job_failed(self, label: str, exc: BaseException) -> BaseException:
+        """Break the group because collective ``label`` failed here; return what to raise.
+
+        A mismatch found by ``COLLS_DEBUG=detail`` moved no data, so it leaves the group usable.
+        If the group was already broken, the caller sees this rank's own first-hand error,
+        except a lost connection, which the recorded cause (naming the failed rank and the
+        operation) explains better.
+        """
+        if isinstance(exc, CollectiveMismatchError):
+            return exc
+        if isinstance(exc, NetworkError) and self._error is None and self._watcher is not None:
+            self._watcher.catch_up()  # a peer that left may have recorded why
+            if self._error is None:  # or its record is in the watcher's hands right now
+                self._broken_event.wait(CATCH_UP_GRACE_S)
+        with self._lock:
+            earlier = self._error
+        if earlier is not None:
+            if isinstance(exc, NetworkError):
+                return BackendError(f"{label}: {earlier}")
+            return exc
+        reason = f"{label} failed on rank {self._me()}: {type(exc).__name__}: {exc}"
+        self._break(
+            reason, cause=exc,
+            record=FailureRecord(FAILED, self._pg.name, self._me(), None, label, reason),
+        )
+        return exc
+
+    def _peer_lost(self, group_rank: int, exc: BaseException) -> None:
+        """Backend hook: group rank ``group_rank`` vanished abruptly (called from its thread)."""
+        if self._closed:
+            return
+        dead = self._pg.global_rank(group_rank)
+        where = self._where()
+        reason = f"world rank {dead} died or dropped its connection {where} ({exc})"
+        self._break(
+            f"{reason}; seen by rank {self._me()}", cause=exc,
+            record=FailureRecord(FAILED, self._pg.name, self._me(), dead, where, reason),
+        )
+
+    def apply(self, record: FailureRecord) -> None:
+        """Break the group if another rank's ``record`` concerns it."""
+        concerns = record.group == self._pg.name or (
+            record.dead is not None and record.dead in self._pg.global_ranks
+        )
+        if not concerns or self._closed or record.reporter == self._me():
+            return
+        self._break(
+            f"rank {record.reporter} reported: {record.reason[:MAX_REASON_CHARS]} "
+            f"(this rank was {self._where()})",
+            cause=None, record=None,
+        )
+
+    def store_lost(self, store: Any, exc: BaseException) -> None:
+        """Break the group: the store connection dropped, so its host (rank 0) is gone."""
+        if self._closed:
+            return
+        self._break(
+            f"lost the connection to {getattr(store, 'description', store)}, hosted by world "
+            f"rank 0, which probably died ({exc}); this rank was {self._where()}",
+            cause=exc, record=None,
+        )
+
+    # -- breaking ------------------------------------------------------------------------------
+    def _break(self, message: str, *, cause: BaseException | None,
+               record: FailureRecord | None) -> None:
+        with self._lock:
+            if self._error is not None or self._closed:
+                return
+            error = BackendError(f"colls: group {self._pg.name!r} is broken: {message}")
+            error.__cause__ = cause
+            self._error = error
+            works, self._works = list(self._works), set()
+        self._broken_event.set()
+        logger.warning("%s", error)
+        abort = getattr(self._pg.backend, "abort", None)
+        if callable(abort):
+            try:
+                abort(error)
+            except Exception:  # the backend is failing anyway; never mask the cause
+                logger.exception("colls: abort of group %r's backend failed", self._pg.name)
+        for work in works:
+            work.set_exception(error)
+        if record is not None and self._watcher is not None:
+            self._watcher.report(record)
+
+    def close(self) -> None:
+        """Stop listening for failures (the group is being destroyed). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._watcher is not None:
+            self._watcher.flush(REPORT_FLUSH_S)
+            _detach(self, self._watcher)
+
+
+__all__ = ["FailureRecord", "GroupHealth", "RECORD_KEY"]

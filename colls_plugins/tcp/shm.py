@@ -1,0 +1,393 @@
+"""Shared memory between the ranks of a tcp group that run on one host.
+
+When every rank of a group is on the same host (same hostname and kernel boot id), the tcp backend
+moves collective data through shared memory instead of loopback TCP
+(:mod:`colls_plugins.tcp.shm_collectives` has the algorithms). This module owns the memory and the
+synchronisation; it knows nothing about collectives.
+
+**Segments.** Each rank creates one anonymous segment with ``memfd_create`` (no name in /dev/shm,
+so nothing can leak: the kernel frees it when the last process that maps it exits, however it
+exits). Peers map it read-only through ``/proc/<pid>/fd/<fd>`` while its creator keeps the fd
+open; :mod:`colls_plugins.tcp.shm_setup` does that through the group's store and ends with every
+rank agreeing (all or none), since all ranks must pick the same algorithms. Any failure - another
+host, ``COLLS_SHM=0`` on some rank, no ``/proc``, a token that does not match - leaves the group
+on TCP.
+
+A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_bytes`` each::
+
+    control page, int64 words written only by the owner:
+      [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
+    slot 0 | slot 1
+
+**Phases.** A rank's phase counter counts the times it has *posted*: "my part of this step is in
+my segment" or "I am done reading yours". Every collective makes every rank post the same number
+of times, so "rank j has posted phase p" has one meaning on all ranks. Waiting is: read the peers'
+counters until they reach the target. A slot is written again only after every peer has posted
+once more after the piece that last used it (each rank finishes its reads of a piece before its
+next post), which :meth:`ShmGroup.claim_slot` checks.
+
+**Waiting** spins briefly (peers on other cores answer within microseconds), then polls with
+``sched_yield`` (oversubscribed hosts: let the peer run) for an adaptive budget of 5-20 ms, then
+blocks on a datagram socket with a short timeout, having raised its sleeping flag; a poster that
+sees the flag sends one byte. A full fence (an uncontended lock) sits between the store and the
+load on both sides, so a wake-up is not lost; the timeout bounds the cost if it ever were. While
+blocked, the waiter checks the group's timeout and whether the TCP connection to a missing peer
+died, so a dead peer fails the collective within a fraction of a second. Peers in the same
+process (ranks on threads) never spin: a spinning thread would hold the GIL they need.
+
+Ordering relies on x86-64's total store order (stores become visible in program order, loads are
+not reordered with loads), so the shared-memory path is only enabled on x86-64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from colls.errors import BackendError, CollsTimeoutError
+
+logger = logging.getLogger("colls.tcp")
+
+#: Bytes of the control page at the start of every segment.
+CTRL_BYTES = 4096
+#: Data slots per segment: a piece may be written while peers still read the previous one.
+SLOTS = 2
+#: Smallest slot (bytes): every collective needs room for one element per rank.
+MIN_SLOT_BYTES = 4096
+#: Slots are a multiple of this (cache line; keeps every dtype's views aligned).
+SLOT_ALIGN = 64
+
+_MAGIC = 0x434F4C4C5353484D  # "COLLSSHM"
+_W_MAGIC, _W_TOKEN, _W_SEQ, _W_SLEEP, _W_STAMP = 0, 1, 8, 16, 24  # int64 word offsets
+
+#: Op codes of :func:`stamp`.
+OP_CODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5}
+_OP_NAMES = {code: name for name, code in OP_CODES.items()}
+_OP_BITS, _EXTRA_BITS = 4, 16
+
+
+def stamp(op: int, nbytes: int, extra: int) -> int:
+    """Pack a piece's identity (op code, the collective's bytes, root or dtype) in one int64."""
+    return op | (extra % (1 << _EXTRA_BITS)) << _OP_BITS | nbytes << (_OP_BITS + _EXTRA_BITS)
+
+
+def describe_stamp(value: int) -> str:
+    """Return a :func:`stamp` in words, for errors."""
+    op = value % (1 << _OP_BITS)
+    extra = (value >> _OP_BITS) % (1 << _EXTRA_BITS)
+    nbytes = value >> (_OP_BITS + _EXTRA_BITS)
+    return f"{_OP_NAMES.get(op, f'op {op}')} of {nbytes} bytes, root/dtype code {extra}"
+
+
+#: Busy-poll iterations before yielding (about a microsecond each; none when ranks outnumber
+#: cores).
+SPIN_ITERATIONS = 50
+#: Longest ``sched_yield`` polling before blocking on the wake-up socket (seconds). Polling keeps
+#: the latency low even on an oversubscribed host (a yield hands the core straight to a runnable
+#: peer, where a sleep would wait for the scheduler to wake us), and costs CPU only while a
+#: collective waits. The budget adapts between the two bounds: halved after a wait that had to
+#: block (the peer is busy elsewhere; polling only burns CPU), grown after waits that ended
+#: while polling.
+YIELD_SECONDS_MAX = 0.02
+YIELD_SECONDS_MIN = 0.005
+#: Longest single block on the wake-up socket before re-checking counters, peers and timeout.
+BLOCK_SLICE_SECONDS = 0.01
+
+def _cores() -> int:
+    """Return how many cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class Segment:
+    """One rank's memory: a control page and ``SLOTS`` data slots, mapped into this process.
+
+    Args:
+        mm: the mapping (the whole segment).
+        slot_bytes: size of one data slot.
+        fd: the memfd this process created it from, or -1 for a peer's segment (closed already).
+    """
+
+    def __init__(self, mm: mmap.mmap, slot_bytes: int, fd: int = -1) -> None:
+        self.mm = mm
+        self.fd = fd
+        self.slot_bytes = slot_bytes
+        self.ctrl = memoryview(mm)[:CTRL_BYTES].cast("q")
+        base = np.frombuffer(mm, dtype=np.uint8)
+        self.slots = [
+            base[CTRL_BYTES + s * slot_bytes : CTRL_BYTES + (s + 1) * slot_bytes]
+            for s in range(SLOTS)
+        ]
+        self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
+
+    @staticmethod
+    def size_for(slot_bytes: int) -> int:
+        """Return the bytes of a segment with slots of ``slot_bytes``."""
+        return CTRL_BYTES + SLOTS * slot_bytes
+
+    @classmethod
+    def create(cls, slot_bytes: int, token: int) -> Segment:
+        """Create this rank's segment (memfd, kept open until setup ends) and stamp it."""
+        fd = os.memfd_create("colls-tcp-shm", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, cls.size_for(slot_bytes))
+            mm = mmap.mmap(fd, cls.size_for(slot_bytes))
+        except BaseException:
+            os.close(fd)
+            raise
+        seg = cls(mm, slot_bytes, fd)
+        seg.ctrl[_W_TOKEN] = token
+        seg.ctrl[_W_MAGIC] = _MAGIC
+        return seg
+
+    @classmethod
+    def open_peer(cls, pid: int, fd: int, slot_bytes: int, token: int) -> Segment:
+        """Map a peer's segment read-only through ``/proc/<pid>/fd/<fd>`` and check its stamp.
+
+        Raises:
+            OSError: the file cannot be opened or mapped.
+            ValueError: the memory there is not that peer's segment (token mismatch).
+        """
+        size = cls.size_for(slot_bytes)
+        handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(handle).st_size != size:
+                raise ValueError(f"segment of pid {pid} has the wrong size (expected {size})")
+            mm = mmap.mmap(handle, size, prot=mmap.PROT_READ)
+        finally:
+            os.close(handle)
+        seg = cls(mm, slot_bytes)
+        if seg.ctrl[_W_MAGIC] != _MAGIC or seg.ctrl[_W_TOKEN] != token:
+            seg.close()
+            raise ValueError(f"segment of pid {pid} does not carry the published token")
+        return seg
+
+    def typed(self, slot: int, dtype: np.dtype[Any]) -> np.ndarray:
+        """Return slot ``slot`` viewed as ``dtype`` (cached; ``slot_bytes`` is 64-aligned)."""
+        key = (slot, dtype)
+        view = self._typed.get(key)
+        if view is None:
+            view = self.slots[slot][: self.slot_bytes // dtype.itemsize * dtype.itemsize]
+            view = view.view(dtype)
+            self._typed[key] = view
+        return view
+
+    def close_fd(self) -> None:
+        """Close the memfd (the mapping stays; peers have mapped it by then)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        """Unmap the segment (best effort while views are still alive)."""
+        self.close_fd()
+        self._typed.clear()
+        self.slots = []
+        self.ctrl.release()
+        try:
+            self.mm.close()
+        except BufferError:  # a caller still holds a view; the mapping goes with it
+            logger.debug("tcp shm: segment still has views at close; left to the GC")
+
+
+class ShmGroup:
+    """The shared-memory view of one group: every rank's segment plus phase synchronisation.
+
+    Build with :func:`setup`. ``peer_error(rank)`` returns the exception that makes waiting for
+    ``rank`` pointless (its connection died, the backend closed), or None.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        segments: list[Segment],
+        slot_bytes: int,
+        wake_sock: socket.socket | None,
+        wake_addrs: list[bytes | None],
+        same_process: bool,
+        timeout: float,
+        peer_error: Callable[[int], BaseException | None],
+    ) -> None:
+        self.rank = rank
+        self.size = len(segments)
+        self.segments = segments
+        self.slot_bytes = slot_bytes
+        self.timeout = timeout
+        self._me = segments[rank].ctrl
+        self._ctrls = [seg.ctrl for seg in segments]
+        self.peers = [r for r in range(self.size) if r != rank]
+        self._wake_sock = wake_sock
+        self._wake_addrs = wake_addrs
+        self._spin = not same_process
+        # With more ranks than cores, a pure spin only burns the time slice a peer needs.
+        self._spin_iterations = SPIN_ITERATIONS if self.size <= _cores() else 0
+        self._peer_error = peer_error
+        self._fence_lock = threading.Lock()
+        self._yield_budget = YIELD_SECONDS_MAX
+        self.phase = 0
+        self._slot = 0
+        self._slot_free = [0] * SLOTS  # peers must pass this phase before a slot is rewritten
+        self._views: dict[tuple[int, np.dtype[Any]], list[np.ndarray]] = {}
+        self._closed = False
+
+    # -- phases --------------------------------------------------------------------------------
+    def _fence(self) -> None:
+        """Full memory barrier: an uncontended lock is a locked read-modify-write."""
+        with self._fence_lock:
+            pass
+
+    def post(self) -> None:
+        """Publish the next phase and wake peers that sleep waiting for it."""
+        self.phase += 1
+        me = self._me
+        me[_W_SEQ] = self.phase
+        self._fence()
+        ctrls = self._ctrls
+        for peer in self.peers:
+            if ctrls[peer][_W_SLEEP]:
+                self._wake(peer)
+
+    def _wake(self, peer: int) -> None:
+        addr = self._wake_addrs[peer]
+        if addr is None or self._wake_sock is None:
+            return
+        with contextlib.suppress(OSError):  # full (a wake-up is pending) or peer gone
+            self._wake_sock.sendto(b"\0", socket.MSG_DONTWAIT, addr)
+
+    def wait(self, ranks: Sequence[int], target: int, what: str) -> None:
+        """Return once every rank in ``ranks`` has posted phase ``target``.
+
+        Raises:
+            CollsTimeoutError: not within the group timeout (names the missing ranks).
+            Exception: the error ``peer_error`` reports for a missing rank (a dead peer).
+        """
+        ctrls = self._ctrls
+        pending = [r for r in ranks if ctrls[r][_W_SEQ] < target]
+        if not pending:
+            return
+        if self._spin:
+            for _ in range(self._spin_iterations):
+                pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
+                if not pending:
+                    return
+            budget = self._yield_budget
+            deadline = time.perf_counter() + budget
+            while True:
+                os.sched_yield()
+                pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
+                if not pending:
+                    self._yield_budget = min(YIELD_SECONDS_MAX, budget * 1.1)
+                    return
+                if time.perf_counter() > deadline:
+                    break
+            self._yield_budget = max(YIELD_SECONDS_MIN, budget / 2)
+        self._block(pending, target, what)
+
+    def _block(self, pending: list[int], target: int, what: str) -> None:
+        ctrls = self._ctrls
+        deadline = time.monotonic() + self.timeout
+        me = self._me
+        me[_W_SLEEP] = 1
+        try:
+            while True:
+                self._fence()
+                pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
+                if not pending:
+                    return
+                for r in pending:
+                    error = self._peer_error(r)
+                    if error is not None:
+                        raise error
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CollsTimeoutError(
+                        f"rank {self.rank}: {what} did not complete within {self.timeout:.1f} s "
+                        f"(shared memory; no progress from ranks {pending})"
+                    )
+                self._sleep(min(BLOCK_SLICE_SECONDS, remaining))
+        finally:
+            me[_W_SLEEP] = 0
+
+    def _sleep(self, seconds: float) -> None:
+        sock = self._wake_sock
+        if sock is None:
+            time.sleep(min(seconds, 0.0005))
+            return
+        select.select([sock], [], [], seconds)
+        with contextlib.suppress(OSError):
+            while sock.recv(64):
+                pass
+
+    def wait_all(self, target: int, what: str) -> None:
+        """Wait until every peer has posted phase ``target``."""
+        self.wait(self.peers, target, what)
+
+    # -- slots ---------------------------------------------------------------------------------
+    def claim_slot(self, stamp: int, what: str) -> int:
+        """Return the slot for the next piece, once every peer is done with its last use.
+
+        The piece's ``stamp`` (:func:`stamp`: op, bytes, root or dtype) is written into the
+        control page so that peers can tell a mismatched collective from a matching one
+        (:meth:`check`).
+        """
+        slot = self._slot
+        self._slot = (slot + 1) % SLOTS
+        free = self._slot_free[slot]
+        if free:
+            self.wait(self.peers, free, what)
+        self._me[_W_STAMP + slot] = stamp
+        return slot
+
+    def release_slot(self, slot: int) -> None:
+        """Mark the end of this rank's use of ``slot`` for the current piece."""
+        self._slot_free[slot] = self.phase + 1
+
+    def check(self, ranks: Sequence[int], slot: int, what: str) -> None:
+        """Raise BackendError if a rank in ``ranks`` stamped another collective on ``slot``."""
+        word = _W_STAMP + slot
+        mine = self._me[word]
+        ctrls = self._ctrls
+        for r in ranks:
+            theirs = ctrls[r][word]
+            if theirs != mine:
+                raise BackendError(
+                    f"rank {self.rank}: {what}: rank {r} runs a different collective "
+                    f"({describe_stamp(theirs)}; this rank: {describe_stamp(mine)}); every rank "
+                    "must call the same collectives in the same order"
+                )
+
+    def typed(self, rank: int, slot: int, dtype: np.dtype[Any]) -> np.ndarray:
+        """Return rank ``rank``'s slot ``slot`` as a ``dtype`` array (read-only for peers)."""
+        return self.segments[rank].typed(slot, dtype)
+
+    def views(self, slot: int, dtype: np.dtype[Any]) -> list[np.ndarray]:
+        """Return every rank's slot ``slot`` as ``dtype`` arrays, indexed by rank (cached)."""
+        key = (slot, dtype)
+        views = self._views.get(key)
+        if views is None:
+            views = [seg.typed(slot, dtype) for seg in self.segments]
+            self._views[key] = views
+        return views
+
+    def close(self) -> None:
+        """Unmap every segment and close the wake-up socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._views.clear()
+        for seg in self.segments:
+            seg.close()
+        if self._wake_sock is not None:
+            self._wake_sock.close()

@@ -1,0 +1,244 @@
+"""Collectives through shared memory, for tcp groups whose ranks all share one host.
+
+Each rank owns one segment of :mod:`colls_plugins.tcp.shm` with ``SLOTS`` slots; peers read it,
+only its owner writes it. A collective walks its buffer in *pieces* that fit a slot, and each
+piece is a few *phases*: write into the own slot, post, wait for the peers' posts, read theirs.
+Reductions read the peers' slots and write the destination directly with in-place ufuncs, so data
+is copied into shared memory once and out once, with no socket and no progress thread involved.
+
+* all_reduce, small (``<= FLAT_MAX_BYTES``): one phase. Every rank copies its piece into its slot;
+  after the wait every rank computes ``s0 op s1 op ... op s(n-1)`` in rank order itself, so all
+  ranks get bitwise identical results without a second phase.
+* all_reduce, large: two phases, reduce-scatter then all-gather. The piece is cut in ``n`` chunks;
+  rank ``r`` copies the chunks it does not own into its slot, waits, reduces chunk ``r`` (its own
+  data op every peer's copy of chunk ``r``, in rank order) in place, copies the result into its
+  slot, waits, and copies every other chunk's result out of its owner's slot. Per rank that is
+  ``(2n-1)/n`` of the piece copied and ``(n-1)/n`` reduced, whatever ``n`` is.
+* reduce_scatter: one phase per piece (rank ``r``'s chunk is reduced only by rank ``r``).
+* all_gather: one phase per piece: copy the input in, wait, copy every rank's piece out.
+* broadcast: the root copies in and posts; the others wait, copy out and post.
+* reduce: the others copy in and post; the root waits, reduces in rank order and posts.
+* barrier: one phase, no data.
+
+Every rank posts the same number of times per piece, which is what the phase numbers of
+:class:`~colls_plugins.tcp.shm.ShmGroup` rely on. Each piece is stamped with a fingerprint (op,
+bytes, root/dtype) so that ranks calling different collectives get a BackendError, not garbage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from colls_plugins.tcp.shm import OP_CODES, ShmGroup, stamp
+
+if TYPE_CHECKING:
+    from colls.reduce_ops import ReduceSpec
+
+Array = Any  # a C-contiguous 1-D NumPy array
+
+#: all_reduce up to this many bytes runs the one-phase algorithm (every rank reduces everything:
+#: n-1 passes over the data instead of one more synchronisation).
+FLAT_MAX_BYTES = 64 * 1024
+
+_ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER = (
+    OP_CODES[name] for name in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+)
+
+
+def _chunks(count: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``parts`` contiguous chunks (the first ones longer)."""
+    base, extra = divmod(count, parts)
+    bounds = []
+    start = 0
+    for index in range(parts):
+        stop = start + base + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _piece_elements(g: ShmGroup, itemsize: int, per_piece_parts: int = 1) -> int:
+    """Elements per piece so that ``per_piece_parts`` sub-pieces fit one slot."""
+    return max(1, g.slot_bytes // (itemsize * per_piece_parts))
+
+
+def barrier(g: ShmGroup) -> None:
+    """Return once every rank has entered the barrier."""
+    g.post()
+    g.wait_all(g.phase, f"barrier (shm) on rank {g.rank}")
+
+
+def all_reduce(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
+    """Reduce ``array`` across the group in place (bitwise identical on every rank)."""
+    if array.size == 0:
+        return
+    if array.nbytes <= FLAT_MAX_BYTES:
+        _all_reduce_flat(g, array, op)
+    else:
+        _all_reduce_rsag(g, array, op)
+
+
+def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
+    what = f"all_reduce (shm flat) on rank {g.rank}"
+    dtype, n, rank = array.dtype, g.size, g.rank
+    fp = stamp(_ALL_REDUCE, array.nbytes, dtype.num)
+    step = _piece_elements(g, dtype.itemsize)
+    for a in range(0, array.size, step):
+        b = min(a + step, array.size)
+        piece = array[a:b]
+        slot = g.claim_slot(fp, what)
+        views = g.views(slot, dtype)
+        length = b - a
+        views[rank][:length] = piece
+        g.post()
+        g.wait_all(g.phase, what)
+        g.check(g.peers, slot, what)
+        if rank != 0:
+            piece[...] = views[0][:length]
+        for j in range(1, n):
+            op.combine(piece, views[j][:length])
+        g.release_slot(slot)
+
+
+def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
+    what = f"all_reduce (shm reduce-scatter/all-gather) on rank {g.rank}"
+    dtype, n, rank = array.dtype, g.size, g.rank
+    fp = stamp(_ALL_REDUCE, array.nbytes, dtype.num)
+    step = _piece_elements(g, dtype.itemsize)
+    for a in range(0, array.size, step):
+        b = min(a + step, array.size)
+        piece = array[a:b]
+        bounds = _chunks(b - a, n)
+        lo, hi = bounds[rank]
+        slot = g.claim_slot(fp, what)
+        mine = g.typed(rank, slot, dtype)
+        if lo > 0:
+            mine[:lo] = piece[:lo]  # the chunks of lower ranks
+        if hi < b - a:
+            mine[hi : b - a] = piece[hi:]  # the chunks of higher ranks
+        g.post()
+        g.wait_all(g.phase, what)
+        g.check(g.peers, slot, what)
+        own = piece[lo:hi]
+        if hi > lo:
+            for j in range(n):
+                if j != rank:
+                    op.combine(own, g.typed(j, slot, dtype)[lo:hi])
+            mine[lo:hi] = own
+        g.post()
+        g.wait_all(g.phase, what)
+        for j in range(n):
+            if j != rank:
+                jl, jh = bounds[j]
+                if jh > jl:
+                    piece[jl:jh] = g.typed(j, slot, dtype)[jl:jh]
+        g.release_slot(slot)
+
+
+def broadcast(g: ShmGroup, array: Array, root: int) -> None:
+    """Copy ``root``'s ``array`` into every rank's ``array``."""
+    if array.size == 0:
+        return
+    what = f"broadcast (shm) on rank {g.rank}"
+    dtype = array.dtype
+    fp = stamp(_BROADCAST, array.nbytes, root)
+    step = _piece_elements(g, dtype.itemsize)
+    for a in range(0, array.size, step):
+        b = min(a + step, array.size)
+        slot = g.claim_slot(fp, what)
+        if g.rank == root:
+            g.typed(root, slot, dtype)[: b - a] = array[a:b]
+            g.post()
+        else:
+            g.wait((root,), g.phase + 1, what)
+            g.check((root,), slot, what)
+            array[a:b] = g.typed(root, slot, dtype)[: b - a]
+            g.post()
+        g.release_slot(slot)
+
+
+def reduce(g: ShmGroup, array: Array, root: int, op: ReduceSpec) -> None:
+    """Reduce into ``root``'s ``array`` (rank order); the others' arrays are left unchanged."""
+    if array.size == 0:
+        return
+    what = f"reduce (shm) on rank {g.rank}"
+    dtype, n = array.dtype, g.size
+    fp = stamp(_REDUCE, array.nbytes, root)
+    step = _piece_elements(g, dtype.itemsize)
+    others = [r for r in range(n) if r != root]
+    for a in range(0, array.size, step):
+        b = min(a + step, array.size)
+        slot = g.claim_slot(fp, what)
+        if g.rank != root:
+            g.typed(g.rank, slot, dtype)[: b - a] = array[a:b]
+            g.post()
+        else:
+            g.wait(others, g.phase + 1, what)
+            g.check(others, slot, what)
+            piece = array[a:b]
+            for j in others:
+                op.combine(piece, g.typed(j, slot, dtype)[: b - a])
+            g.post()
+        g.release_slot(slot)
+
+
+def all_gather(g: ShmGroup, output: Array, input: Array) -> None:
+    """Set ``output`` to the concatenation of every rank's ``input``."""
+    count = input.size
+    if count == 0:
+        return
+    what = f"all_gather (shm) on rank {g.rank}"
+    dtype, n, rank = input.dtype, g.size, g.rank
+    fp = stamp(_ALL_GATHER, output.nbytes, dtype.num)
+    step = _piece_elements(g, dtype.itemsize)
+    output[rank * count : (rank + 1) * count] = input
+    for a in range(0, count, step):
+        b = min(a + step, count)
+        slot = g.claim_slot(fp, what)
+        g.typed(rank, slot, dtype)[: b - a] = input[a:b]
+        g.post()
+        g.wait_all(g.phase, what)
+        g.check(g.peers, slot, what)
+        for j in range(n):
+            if j != rank:
+                output[j * count + a : j * count + b] = g.typed(j, slot, dtype)[: b - a]
+        g.release_slot(slot)
+
+
+def reduce_scatter(g: ShmGroup, output: Array, input: Array, op: ReduceSpec) -> None:
+    """Reduce ``input`` (n equal chunks); chunk ``rank`` lands in ``output``; input kept."""
+    count = output.size
+    if count == 0:
+        return
+    what = f"reduce_scatter (shm) on rank {g.rank}"
+    dtype, n, rank = input.dtype, g.size, g.rank
+    fp = stamp(_REDUCE_SCATTER, input.nbytes, dtype.num)
+    step = _piece_elements(g, dtype.itemsize, n)
+    for a in range(0, count, step):
+        b = min(a + step, count)
+        length = b - a
+        slot = g.claim_slot(fp, what)
+        mine = g.typed(rank, slot, dtype)
+        for j in range(n):
+            if j != rank:
+                mine[j * length : (j + 1) * length] = input[j * count + a : j * count + b]
+        g.post()
+        g.wait_all(g.phase, what)
+        g.check(g.peers, slot, what)
+        piece = output[a:b]
+        piece[...] = input[rank * count + a : rank * count + b]
+        for j in range(n):
+            if j != rank:
+                op.combine(piece, g.typed(j, slot, dtype)[rank * length : (rank + 1) * length])
+        g.release_slot(slot)
+
+
+__all__ = [
+    "FLAT_MAX_BYTES",
+    "all_gather",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "reduce",
+    "reduce_scatter",
+]

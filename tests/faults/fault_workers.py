@@ -1,0 +1,218 @@
+"""Rank functions of the fault tests (module level, so spawned processes can import them).
+
+Survivors catch the error they expect and return what they measured: how long the failing call
+took, the error's type and message, and how long a later call took to fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+import colls
+from colls.errors import CollsError
+
+#: Seconds a victim waits inside the collective before it dies (the others are blocked by then).
+VICTIM_DELAY_S = 0.3
+SMALL = 16
+LARGE = 1 << 20
+
+
+def _die(how: str) -> None:
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(0)  # "exits normally" without destroy_process_group: no goodbye is sent
+
+
+def _outcome(call: Any) -> dict[str, Any]:
+    start = time.monotonic()
+    try:
+        call()
+    except CollsError as exc:
+        return {"elapsed": time.monotonic() - start, "type": type(exc).__name__,
+                "message": str(exc)}
+    return {"elapsed": time.monotonic() - start, "type": None, "message": "returned normally"}
+
+
+def _start(op: str, rank: int, world_size: int, victim: int, count: int) -> Any:
+    """Return a survivor's call of ``op``."""
+    data = np.full(count, rank + 1, dtype=np.float32)
+    if op == "all_reduce":
+        return lambda: colls.all_reduce(data)
+    if op == "broadcast":  # the root is a survivor, so the victim only receives
+        root = (victim + 1) % world_size
+        return lambda: colls.broadcast(data, src=root)
+    if op == "barrier":
+        return lambda: colls.barrier()
+    if op == "recv":
+        # the victim's successor receives from the victim; every other survivor receives from
+        # that successor, which never sends: only the spreading of the failure can stop them
+        successor = (victim + 1) % world_size
+        peer = victim if rank == successor else successor
+        return lambda: colls.recv(data, src=peer)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def die_during(rank: int, world_size: int, victim: int, op: str, how: str,
+               count: int) -> dict[str, Any]:
+    """Everyone runs ``op``; ``victim`` dies inside it; survivors report how they failed.
+
+    A survivor whose part of ``op`` does not depend on the victim (a broadcast root) returns;
+    its next call must then fail, and the time counted is up to that failure.
+    """
+    warm = np.ones(4, dtype=np.float32)
+    colls.all_reduce(warm)  # connections and shared memory are up on every rank
+    if rank == victim:  # the others are blocked in ``op`` waiting for it when it dies
+        time.sleep(VICTIM_DELAY_S)
+        _die(how)
+    call = _start(op, rank, world_size, victim, count)
+    result = _outcome(call)
+    if result["type"] is None:  # e.g. a broadcast root: its part did not need the victim
+        later = _outcome(lambda: colls.all_reduce(np.ones(4, dtype=np.float32)))
+        later["elapsed"] += result["elapsed"]
+        result = later
+    result["later"] = _outcome(lambda: colls.all_reduce(np.ones(4, dtype=np.float32)))
+    result["warm"] = float(warm[0])
+    return result
+
+
+def store_spreads_failure(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 2 times out alone (short timeout); ranks 0, 1 must stop through the store.
+
+    All four call all_reduce on a group whose timeout is 2 s on rank 2 and 60 s elsewhere;
+    rank 3 sleeps instead, so rank 2 (waiting for it) times out and breaks the group. Rank 0
+    and rank 1 wait on peers that are alive and silent: nothing but the store tells them.
+    """
+    group = colls.new_group(timeout=2.0 if rank == 2 else 60.0)
+    colls.barrier(group=group)
+    data = np.ones(SMALL, dtype=np.float32)
+    if rank == 3:
+        time.sleep(4.0)
+        return {"late": _outcome(lambda: colls.all_reduce(data, group=group))}
+    return _outcome(lambda: colls.all_reduce(data, group=group))
+
+
+def store_host_dies(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0 (the store host) dies; ranks 1-3 are in a subgroup collective without it."""
+    sub = colls.new_group([1, 2, 3])
+    colls.barrier()
+    if rank == 0:
+        time.sleep(VICTIM_DELAY_S)
+        _die("kill")
+    data = np.ones(SMALL, dtype=np.float32)
+    if rank == 3:  # never joins: ranks 1 and 2 wait on a live, silent peer
+        time.sleep(4.0)
+        return {"skipped": True}
+    return _outcome(lambda: colls.all_reduce(data, group=sub))
+
+
+def mismatched(rank: int, world_size: int, kind: str, odd: int) -> dict[str, Any]:
+    """Rank ``odd`` calls a different collective than the others; report every rank's fate."""
+    data = np.arange(SMALL, dtype=np.float32) + rank
+    reference = data.copy()
+    call = _mismatched_call(kind, rank, odd, data)
+    first = _outcome(call)
+    second = _outcome(lambda: colls.barrier())
+    return {"first": first, "second": second,
+            "untouched": bool((data == reference).all()),
+            "values": data.tolist()}
+
+
+def _mismatched_call(kind: str, rank: int, odd: int, data: np.ndarray) -> Any:
+    mine = rank == odd
+    if kind == "op":
+        return (lambda: colls.broadcast(data, src=0)) if mine else (lambda: colls.all_reduce(data))
+    if kind == "dtype":
+        if mine:
+            ints = data.view(np.int32)
+            return lambda: colls.all_reduce(ints)
+        return lambda: colls.all_reduce(data)
+    if kind == "size":
+        return (lambda: colls.all_reduce(data[:-1])) if mine else (lambda: colls.all_reduce(data))
+    if kind == "root":
+        root = 1 if mine else 0
+        return lambda: colls.broadcast(data, src=root)
+    raise ValueError(f"unknown mismatch kind {kind!r}")
+
+
+def detail_mismatch(rank: int, world_size: int, odd: int) -> dict[str, Any]:
+    """COLLS_DEBUG=detail: rank ``odd`` broadcasts while the others all_reduce; then recover."""
+    data = np.ones(SMALL, dtype=np.float32)
+    try:
+        if rank == odd:
+            colls.broadcast(data, src=1)
+        else:
+            colls.all_reduce(data)
+        error = None
+    except ValueError as exc:
+        error = (type(exc).__name__, str(exc))
+    ok = np.full(4, rank, dtype=np.float64)
+    colls.all_reduce(ok)  # nothing moved: the group is still usable
+    return {"error": error, "after": ok.tolist(), "untouched": bool((data == 1).all())}
+
+
+def detail_all_ops(rank: int, world_size: int) -> list[float]:
+    """COLLS_DEBUG=detail with correct calls: every op runs with no false alarm."""
+    n = world_size
+    x = np.full(6, rank + 1.0)
+    colls.all_reduce(x)
+    colls.broadcast(x, src=1)
+    colls.reduce(x, dst=2)
+    out = [np.zeros(6) for _ in range(n)]
+    colls.all_gather(out, np.full(6, float(rank)))
+    flat = np.zeros(6 * n)
+    colls.all_gather_into_tensor(flat, np.full(6, float(rank)))
+    gl = [np.zeros(3) for _ in range(n)] if rank == 0 else None
+    colls.gather(np.full(3, float(rank)), gl, dst=0)
+    sc = np.zeros(3)
+    colls.scatter(sc, [np.full(3, float(r)) for r in range(n)] if rank == 1 else None, src=1)
+    rs = np.zeros(2)
+    colls.reduce_scatter_tensor(rs, np.ones(2 * n))
+    a2a = np.zeros(n * (rank + 1))
+    colls.all_to_all_single(a2a, np.full(sum(r + 1 for r in range(n)), float(rank)),
+                            output_split_sizes=[rank + 1] * n,
+                            input_split_sizes=[r + 1 for r in range(n)])
+    colls.barrier()
+    objs: list[Any] = [None] * n
+    colls.all_gather_object(objs, {"rank": rank})
+    return [float(x[0]), float(sum(o.sum() for o in out)), float(flat.sum()), float(sc[0]),
+            float(rs.sum()), float(a2a.sum()), float(sum(o["rank"] for o in objs))]
+
+
+def timeouts(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0 calls into groups where rank 1 stays silent; every wait ends at its timeout."""
+    short = [colls.new_group(timeout=1.0) for _ in range(3)]
+    patient = colls.new_group(timeout=60.0)
+    found: dict[str, Any] = {}
+    if rank == 0:
+        data = np.ones(SMALL, dtype=np.float32)
+        found["all_reduce"] = _outcome(lambda: colls.all_reduce(data, group=short[0]))
+        found["recv"] = _outcome(lambda: colls.recv(data, src=1, group=short[1]))
+        found["barrier"] = _outcome(lambda: colls.barrier(group=short[2]))
+        work = colls.all_reduce(np.ones(SMALL, dtype=np.float32), group=patient, async_op=True)
+        found["wait_override"] = _outcome(lambda: work.wait(timeout=0.3))
+        colls.send(np.ones(1), dst=1)  # tell rank 1 to finish the patient all_reduce
+        work.wait()
+        found["wait_after"] = "completed"
+    else:
+        colls.recv(np.ones(1), src=0)
+        colls.all_reduce(np.ones(SMALL, dtype=np.float32), group=patient)
+    return found
+
+
+def monitored(rank: int, world_size: int, wait_all: bool) -> dict[str, Any]:
+    """Ranks 2 and 3 skip a monitored_barrier; rank 0 must name them."""
+    if rank >= 2:
+        time.sleep(3.0)
+        return {}
+    start = time.monotonic()
+    try:
+        colls.monitored_barrier(timeout=1.0, wait_all_ranks=wait_all)
+        return {"error": None}
+    except CollsError as exc:
+        return {"error": str(exc), "type": type(exc).__name__,
+                "elapsed": time.monotonic() - start}

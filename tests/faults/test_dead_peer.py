@@ -1,0 +1,74 @@
+"""A rank that dies (SIGKILL, or exits without destroy) stops every other rank within seconds.
+
+The survivors are blocked in a collective or a receive when the victim dies; each must raise a
+colls error naming the dead rank well before any timeout (the group timeout here is 60 s), and
+every later call on the group must raise at once. Ranks that do not talk to the dead one (the
+``recv`` case, a subgroup without the store host) are stopped by the failure spreading.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fault_helpers import run_faulty
+from fault_workers import VICTIM_DELAY_S, die_during, store_host_dies, store_spreads_failure
+
+#: The issue's bound: every other rank raises within this many seconds of the death.
+FAIL_FAST_S = 5.0
+#: A later call on a broken group must fail "at once".
+AT_ONCE_S = 0.5
+
+
+def _check_survivors(results: dict, dead: int) -> None:
+    for rank, got in results.items():
+        assert got["type"] is not None, f"rank {rank}: {got['message']}"
+        assert f"rank {dead}" in got["message"], f"rank {rank}: {got['message']}"
+        assert got["elapsed"] < VICTIM_DELAY_S + FAIL_FAST_S, (rank, got)
+        later = got["later"]
+        assert later["type"] == "BackendError", (rank, later)
+        assert f"rank {dead}" in later["message"], (rank, later)
+        assert later["elapsed"] < AT_ONCE_S, (rank, later)
+
+
+CASES = [
+    # (op, world size, victim, how, element count, COLLS_SHM)
+    pytest.param("all_reduce", 4, 2, "kill", 16, "1", id="all_reduce-shm-kill"),
+    pytest.param("all_reduce", 3, 1, "kill", 1 << 20, "0", id="all_reduce-large-tcp-kill"),
+    pytest.param("broadcast", 4, 3, "exit", 16, "1", id="broadcast-shm-exit"),
+    pytest.param("barrier", 3, 0, "kill", 16, "0", id="barrier-tcp-kill-store-host"),
+    pytest.param("recv", 4, 0, "kill", 16, "1", id="recv-kill-store-host"),
+    pytest.param("recv", 3, 2, "exit", 16, "0", id="recv-tcp-exit"),
+]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("op", "world_size", "victim", "how", "count", "shm"), CASES)
+def test_every_survivor_raises_naming_the_dead_rank(op, world_size, victim, how, count, shm):
+    results = run_faulty(die_during, world_size, victims=(victim,),
+                         args=(victim, op, how, count), env={"COLLS_SHM": shm})
+    assert sorted(results) == [r for r in range(world_size) if r != victim]
+    _check_survivors(results, victim)
+
+
+@pytest.mark.timeout(90)
+def test_a_failure_spreads_through_the_store_to_ranks_not_talking_to_it():
+    results = run_faulty(store_spreads_failure, 4, victims=())
+    assert results[2]["type"] == "CollsTimeoutError"  # rank 2's own, first-hand error
+    assert results[2]["elapsed"] == pytest.approx(2.0, abs=1.0)
+    for rank in (0, 1):  # their timeout is 60 s: only rank 2's record can stop them
+        got = results[rank]
+        assert got["type"] == "BackendError", got
+        assert "rank 2 reported" in got["message"] and "all_reduce" in got["message"], got
+        assert got["elapsed"] < 2.0 + FAIL_FAST_S, got
+    late = results[3]["late"]
+    assert late["type"] == "BackendError" and late["elapsed"] < AT_ONCE_S, late
+
+
+@pytest.mark.timeout(90)
+def test_losing_the_store_host_breaks_groups_without_it():
+    results = run_faulty(store_host_dies, 4, victims=(0,))
+    for rank in (1, 2):  # blocked on rank 3, alive and silent, in a group without rank 0
+        got = results[rank]
+        assert got["type"] == "BackendError", got
+        assert "lost the connection to TCPStore" in got["message"], got
+        assert "world rank 0" in got["message"], got
+        assert got["elapsed"] < VICTIM_DELAY_S + FAIL_FAST_S, got

@@ -1,0 +1,163 @@
+"""The tcp backend's shared-memory path: selection, results, failures and cleanup."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import shm_workers
+from tcp_helpers import run_ranks
+
+from colls import dtypes
+from colls.errors import BackendError, CollsTimeoutError
+from colls.reduce_ops import ReduceOp, resolve_op
+from colls.testing.spawn import free_port, spawn
+from colls_plugins.tcp import shm, shm_setup
+
+#: Small slots (4 KiB) so that a few thousand elements take the multi-piece paths.
+SMALL_SLOTS = {"COLLS_SEGMENT_BYTES": "4096"}
+
+pytestmark = pytest.mark.skipif(
+    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
+    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
+)
+
+SUM_F64 = resolve_op(ReduceOp.SUM, dtypes.FLOAT64, op_name="all_reduce")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "tcp"])
+def test_all_reduce_every_dtype(world, use_shm):
+    env = {**SMALL_SLOTS, "COLLS_SHM": "1" if use_shm else "0"}
+    digests = spawn(shm_workers.all_reduce_every_dtype, world, args=(use_shm,), env=env,
+                    timeout=180)
+    assert len(digests[0]) > 100  # every dtype, op and count ran
+    assert all(d == digests[0] for d in digests), "ranks ended with different bytes"
+
+
+@pytest.mark.timeout(120)
+def test_other_collectives_through_shm():
+    checks = spawn(shm_workers.other_collectives, 3, args=(True,), env=SMALL_SLOTS, timeout=90)
+    assert checks == [28, 28, 28]
+
+
+def test_shm_is_chosen_on_one_host_and_off_with_colls_shm_0(group, monkeypatch):
+    backends = group(2, name="on")
+    assert [b.uses_shm for b in backends] == [True, True]
+    monkeypatch.setenv("COLLS_SHM", "0")
+    assert [b.uses_shm for b in group(2, name="off")] == [False, False]
+
+
+def test_one_rank_with_colls_shm_0_keeps_the_whole_group_on_tcp(group, monkeypatch):
+    real = shm_setup.shm_supported
+    calls = []
+
+    def only_rank_one_refuses() -> str | None:
+        calls.append(1)
+        return "COLLS_SHM=0" if len(calls) == 2 else real()
+
+    monkeypatch.setattr(shm_setup, "shm_supported", only_rank_one_refuses)
+    backends = group(2, name="mixed")
+    assert [b.uses_shm for b in backends] == [False, False]
+    arrays = [np.arange(10.0) * (r + 1) for r in range(2)]
+    run_ranks(lambda r: backends[r].all_reduce(arrays[r], SUM_F64, -1), 2)
+    np.testing.assert_array_equal(arrays[0], np.arange(10.0) * 3)
+
+
+def test_algorithm_override_bypasses_shm(group, monkeypatch):
+    backends = group(2, name="forced")
+    monkeypatch.setenv("COLLS_ALGORITHM", "all_reduce=ring")
+    assert backends[0]._shm_for("all_reduce") is None
+    assert backends[0]._shm_for("broadcast") is not None
+    arrays = [np.arange(1000.0) * (r + 1) for r in range(2)]
+    run_ranks(lambda r: backends[r].all_reduce(arrays[r], SUM_F64, -1), 2)
+    np.testing.assert_array_equal(arrays[1], np.arange(1000.0) * 3)
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_collectives_raise_instead_of_mixing_data(group):
+    backends = group(2, name="mismatch")
+    arrays = [np.zeros(8), np.zeros(16)]
+
+    def body(rank):
+        with pytest.raises(BackendError, match="rank [01] runs a different collective"):
+            backends[rank].all_reduce(arrays[rank], SUM_F64, -1)
+        return True
+
+    assert run_ranks(body, 2) == [True, True]
+
+
+@pytest.mark.timeout(60)
+def test_missing_rank_times_out_with_its_rank_named(group):
+    backends = group(2, name="late", timeout=1.0)
+    start = time.monotonic()
+    with pytest.raises(CollsTimeoutError, match=r"no progress from ranks \[1\]"):
+        backends[0].barrier(-1)
+    assert time.monotonic() - start < 10
+
+
+def _dev_shm() -> set[str]:
+    """Names in /dev/shm, less the semaphores of multiprocessing queues and MPICH's segments
+    (other tests on the host create those)."""
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    return {n for n in names if not n.startswith(("sem.", "mpich"))}
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast():
+    before = _dev_shm()
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()  # rank 0 hosts the TCPStore (env://)
+    procs = [ctx.Process(target=shm_workers.hold_group, args=(r, port, results))
+             for r in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        ready = sorted(results.get(timeout=60) for _ in procs)
+        # both ranks used shared memory (mapped segments) and got the right sum
+        assert [(r[0], r[1], r[3], r[5]) for r in ready] == [("ready", 0, True, 3.0),
+                                                            ("ready", 1, True, 3.0)]
+        assert all(r[4] >= 2 for r in ready), ready  # own segment and the peer's are mapped
+        assert _dev_shm() - before == set(), "segments must not have names in /dev/shm"
+        time.sleep(0.5)  # rank 0 is now blocked in a shared-memory barrier
+        killed_at = time.time()
+        os.kill(procs[1].pid, signal.SIGKILL)
+        kind, rank, when, message = results.get(timeout=30)
+        assert (kind, rank) == ("error", 0), message
+        # NetworkError from the backend, or the group-level BackendError that wraps it
+        assert "rank 1" in message and ("lost" in message or "died" in message), message
+        assert when - killed_at < 5.0, f"the survivor failed {when - killed_at:.1f} s after"
+        os.kill(procs[0].pid, signal.SIGKILL)
+        for p in procs:
+            p.join(30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    assert _dev_shm() - before == set()
+    for p in procs:  # the kernel freed every mapping with the processes
+        assert not os.path.exists(f"/proc/{p.pid}/maps") or p.exitcode is not None
+
+
+def test_segment_is_anonymous_and_peers_map_it_read_only():
+    seg = shm.Segment.create(4096, token=1234)
+    try:
+        assert os.readlink(f"/proc/self/fd/{seg.fd}").startswith("/memfd:colls-tcp-shm")
+        peer = shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=1234)
+        try:
+            seg.slots[0][:4] = [1, 2, 3, 4]
+            assert list(peer.slots[0][:4]) == [1, 2, 3, 4]
+            with pytest.raises(ValueError):
+                peer.slots[0][0] = 9
+        finally:
+            peer.close()
+        with pytest.raises(ValueError, match="token"):
+            shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=99)
+    finally:
+        seg.close()
