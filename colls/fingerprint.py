@@ -25,6 +25,7 @@ Which argument's size must agree is op specific (``all_to_all`` sizes legitimate
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import zlib
@@ -72,6 +73,15 @@ FINGERPRINT_BYTES = 256
 _DIGEST_BYTES = 16
 
 
+@functools.lru_cache(maxsize=1024)  # a training loop repeats a handful of call shapes
+def _signature(
+    op: str, dtype: str | None, numel: int | None, root: int | None, reduce_op: str | None
+) -> int:
+    code = OP_CODES.get(op, UNKNOWN_OP_CODE)
+    text = f"{op}|{dtype}|{numel}|{root}|{reduce_op}"
+    return (code << _HASH_BITS) | (zlib.crc32(text.encode("utf-8")) & _HASH_MASK)
+
+
 class CollectiveMismatchError(ValueError):
     """Ranks called different collectives (or with different arguments) at the same point."""
 
@@ -106,10 +116,7 @@ class CallRecord:
 
     def signature(self) -> int:
         """Return the 24-bit signature carried by this call's tag."""
-        code = OP_CODES.get(self.op, UNKNOWN_OP_CODE)
-        text = f"{self.op}|{self.dtype}|{self.agreed_numel()}|{self.root}|{self.reduce_op}"
-        digest = zlib.crc32(text.encode("utf-8")) & _HASH_MASK
-        return (code << _HASH_BITS) | digest
+        return _signature(self.op, self.dtype, self.agreed_numel(), self.root, self.reduce_op)
 
     def describe(self, seq: int, group: str) -> str:
         """Return the text fingerprint exchanged under COLLS_DEBUG=detail."""

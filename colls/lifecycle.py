@@ -17,6 +17,8 @@ from colls.work import seconds
 
 DEFAULT_BACKEND = "tcp"
 WORLD_GROUP_NAME = "default_pg"
+#: Longest time destroy_process_group on the store's host waits for the other ranks to leave.
+STORE_LINGER_S = 10.0
 
 
 def _timeout_seconds(timeout: float | datetime.timedelta | None) -> float:
@@ -182,6 +184,9 @@ def destroy_process_group(group: Any = None) -> None:
                 other.close()
             store = REGISTRY.world_store
             REGISTRY.reset()
+            linger = getattr(store, "linger", None)
+            if linger is not None:  # the rank hosting the store lets the others finish first
+                linger(min(pg.timeout, STORE_LINGER_S))
             close = getattr(store, "close", None)
             if close is not None:
                 close()

@@ -19,6 +19,7 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     pg = d.resolve_group(group)
     if pg is None:
         return None
+    pg.health.check("isend")
     peer = d.group_rank_of(pg, dst, group_dst, arg="dst", op="isend")
     d.check_peer(pg, peer, arg="dst", op="isend")
     d.check_tag(tag, op="isend")
@@ -35,6 +36,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     pg = d.resolve_group(group)
     if pg is None:
         return None
+    pg.health.check("irecv")
     peer = d.group_rank_of(pg, src, group_src, arg="src", op="irecv", allow_any=True)
     d.check_peer(pg, peer, arg="src", op="irecv")
     d.check_tag(tag, op="irecv")

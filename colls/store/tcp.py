@@ -51,6 +51,7 @@ REPLY_GRACE_S = 10.0
 JOIN_COUNT_KEY = INTERNAL_KEY_PREFIX + "join/count"
 JOIN_DONE_KEY = INTERNAL_KEY_PREFIX + "join/done"
 MAX_PORT = 65535
+LINGER_POLL_S = 0.02  # how often linger() looks at the server's connection count
 #: Bytes asked of the kernel for a reply's first read (most replies fit entirely).
 RECV_BYTES = 64 * 1024
 
@@ -424,6 +425,24 @@ class TCPStore(Store):
         for key, value in zip(keys, values, strict=True):
             fields += [self._key(key), value]
         self._request(Command.MULTI_SET, fields, "multi_set", keys)
+
+    def linger(self, timeout: float) -> bool:
+        """On the master, wait until every other client has disconnected (at most ``timeout`` s).
+
+        ``destroy_process_group`` calls this before closing the store it hosts, so that ranks
+        still finishing their last operations do not lose the store (and take that as a failure
+        of the job). Returns True when the others left in time; on a client, returns at once.
+        """
+        if self._server is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                own = len(self._sockets)
+            if self._server.open_connections <= own:
+                return True
+            time.sleep(LINGER_POLL_S)
+        return False
 
     def _close(self) -> None:
         """Close every connection; on the master also stop the server thread and its listener."""

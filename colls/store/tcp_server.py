@@ -135,6 +135,7 @@ class StoreServer(GuardMixin):
         self._wake_r.setblocking(False)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._open_connections = 0
         self.handlers: dict[int, Handler] = {
             Command.SET: self._cmd_set,
             Command.GET: self._cmd_get,
@@ -160,6 +161,11 @@ class StoreServer(GuardMixin):
         """Return ``getsockname()`` of the listening socket (host, port)."""
         name = self._listener.getsockname()
         return name[0], name[1]
+
+    @property
+    def open_connections(self) -> int:
+        """Number of client connections the server holds now (its own clients included)."""
+        return self._open_connections
 
     def start(self) -> None:
         """Start the event-loop thread (a daemon, so it never blocks interpreter exit)."""
@@ -243,6 +249,7 @@ class StoreServer(GuardMixin):
                 conn.reader.limit = _wire.MAX_PREAUTH_PAYLOAD_BYTES
             self._arm(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._open_connections += 1
 
     def _service(self, conn: _Connection, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
@@ -298,6 +305,7 @@ class StoreServer(GuardMixin):
                 "TCPStore %s: closing connection from %s: %s", self.address, conn.peer, reason
             )
         conn.closed = True
+        self._open_connections -= 1
         conn.deadline = None  # its half-open heap entry, if any, is now stale
         conn.reader = _wire.FrameReader()  # release buffered input now, not when popped
         conn.outbox.clear()
