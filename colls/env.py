@@ -157,5 +157,6 @@ def describe() -> str:
     """Return a Markdown table of every setting, its default and its meaning."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for s in SETTINGS.values():
-        rows.append(f"| `{s.name}` | `{s.default!r}` | {s.doc} |")
+        doc = s.doc.replace("|", "\\|")  # a bare | would end the Markdown cell
+        rows.append(f"| `{s.name}` | `{s.default!r}` | {doc} |")
     return "\n".join(rows)
