@@ -17,7 +17,10 @@ colls group is built over ranks ``0..size-1``.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import logging
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +122,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         self._group_name = group_name
         self._group_desc = ""
         self.transport = spec.name
+        _LIVE_GROUPS.add(self)
 
     # -- names (functional collectives resolve groups by name) ----------------------------------
 
@@ -365,13 +369,34 @@ class ProcessGroupColls(_dist.ProcessGroup):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Close the colls group and its store adapter (torch calls this on destroy)."""
+        """Close the colls group and its store adapter. Idempotent.
+
+        torch's destroy_process_group does not call it for Python backends, so
+        :func:`_shutdown_live_groups` also runs it at interpreter exit.
+        """
+        _LIVE_GROUPS.discard(self)
+        if self._group.destroyed:
+            return
         self._group.close()
         self._group.store.close()  # ends waits parked on torch's store; torch's stays open
 
     def abort(self) -> None:
         """Close the colls group at once."""
         self.shutdown()
+
+
+#: Groups not shut down yet. Their threads (engine, health watcher) call into torch's store and
+#: must stop before torch's C++ objects are torn down at exit, or the process aborts.
+_LIVE_GROUPS: weakref.WeakSet[ProcessGroupColls] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_groups() -> None:
+    for pg in list(_LIVE_GROUPS):
+        try:
+            pg.shutdown()
+        except Exception:  # exiting anyway: one failing group must not keep others running
+            logging.getLogger(__name__).exception("colls: shutting down %r at exit failed", pg)
 
 
 def _create(dist_backend_opts: Any, backend_options: Any) -> ProcessGroupColls:
