@@ -22,7 +22,7 @@ from colls_plugins.tcp._mismatch import PROBE_TAG
 from colls_plugins.tcp._scratch import ScratchArena
 from colls_plugins.tcp.connections import connect_mesh
 from colls_plugins.tcp.engine import Engine
-from colls_plugins.tcp.shm import ShmGroup
+from colls_plugins.tcp.shm import ShmGroup, available_cores
 from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class TcpBackend(Backend):
         rank = _check_count("rank", rank, 0, world_size, "backend")
         super().__init__(store, rank, world_size, options)
         self._arena = ScratchArena()
+        self._poll = world_size <= available_cores()
         connections = connect_mesh(store, rank, world_size, options)
         self._engine = Engine(rank, connections, options.timeout, options.group_name)
         try:
@@ -118,9 +119,12 @@ class TcpBackend(Backend):
         """Read the sockets on this thread for a moment before ``work`` is waited for.
 
         :mod:`colls.algorithms` calls it before each wait: a message that arrives within the
-        engine's short polling budget completes without a thread hand-off.
+        engine's short polling budget completes without a thread hand-off. Skipped when the
+        group has more ranks than this process has cores (polling would take a core that a
+        peer needs to send).
         """
-        self._engine.poll_until(work)
+        if self._poll:
+            self._engine.poll_until(work)
 
     def scratch(self, like: Any, count: int) -> Any:
         """Lend ``count`` elements of scratch of ``like``'s dtype to the running collective."""

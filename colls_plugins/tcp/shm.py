@@ -103,7 +103,7 @@ YIELD_SECONDS_MIN = 0.005
 #: Longest single block on the wake-up socket before re-checking counters, peers and timeout.
 BLOCK_SLICE_SECONDS = 0.01
 
-def _cores() -> int:
+def available_cores() -> int:
     """Return how many cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
@@ -174,6 +174,11 @@ class Segment:
             raise ValueError(f"segment of pid {pid} does not carry the published token")
         return seg
 
+    @property
+    def token(self) -> int:
+        """The random number the owner stamped in the segment (peers check it)."""
+        return int(self.ctrl[_W_TOKEN])
+
     def typed(self, slot: int, dtype: np.dtype[Any]) -> np.ndarray:
         """Return slot ``slot`` viewed as ``dtype`` (cached; ``slot_bytes`` is 64-aligned)."""
         key = (slot, dtype)
@@ -232,7 +237,7 @@ class ShmGroup:
         self._wake_addrs = wake_addrs
         self._spin = not same_process
         # With more ranks than cores, a pure spin only burns the time slice a peer needs.
-        self._spin_iterations = SPIN_ITERATIONS if self.size <= _cores() else 0
+        self._spin_iterations = SPIN_ITERATIONS if self.size <= available_cores() else 0
         self._peer_error = peer_error
         self._fence_lock = threading.Lock()
         self._yield_budget = YIELD_SECONDS_MAX

@@ -21,6 +21,7 @@ import platform
 import secrets
 import socket
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,7 +37,7 @@ logger = logging.getLogger("colls.tcp")
 
 #: Store keys of the setup exchange (the store is already prefixed for the group).
 INFO_KEY = "tcp/shm/{rank}"
-READY_KEY = "tcp/shm_ok/{rank}"
+READY_KEY = "tcp/shm_ok/{nonce}/{rank}"
 
 _SUPPORTED_MACHINES = ("x86_64", "amd64")
 
@@ -136,25 +137,48 @@ def setup(
     deadline = time.monotonic() + timeout
     reason = shm_supported()
     seg: Segment | None = None
-    wake_sock: socket.socket | None = None
-    token = secrets.randbits(62)
     if reason is None:
-        slot_bytes = slot_bytes_for(world_size)
         try:
-            seg = Segment.create(slot_bytes, token)
+            seg = Segment.create(slot_bytes_for(world_size), secrets.randbits(62))
         except OSError as exc:
             reason = f"cannot create a segment: {exc}"
-    if seg is not None:
-        wake_sock, wake = _wake_socket()
-        info = PeerInfo(host_identity(), os.getpid(), seg.fd, seg.slot_bytes, token, wake)
-        store.set(INFO_KEY.format(rank=rank), info.encode())
-    else:
-        store.set(INFO_KEY.format(rank=rank), _OFF)
-    infos = _read_all(store, INFO_KEY, world_size, deadline, rank, group)
-    peers = [PeerInfo.decode(v) for v in infos]
-    segments, why = _map_peers(rank, seg, peers)
-    store.set(READY_KEY.format(rank=rank), b"1" if segments is not None else b"0")
-    ready = _read_all(store, READY_KEY, world_size, deadline, rank, group)
+    try:
+        return _agree(store, rank, world_size, timeout, deadline, peer_error, group, seg, reason)
+    except BaseException:
+        if seg is not None:
+            seg.close()
+        raise
+
+
+def _agree(
+    store: Store, rank: int, world_size: int, timeout: float, deadline: float,
+    peer_error: Callable[[int], BaseException | None], group: str, seg: Segment | None,
+    reason: str | None,
+) -> ShmGroup | None:
+    """Publish, map, agree (see :func:`setup`); ``seg`` is this rank's segment or None."""
+    wake_sock, wake = _wake_socket() if seg is not None else (None, "")
+    try:
+        if seg is not None:
+            info = PeerInfo(host_identity(), os.getpid(), seg.fd, seg.slot_bytes,
+                            seg.token, wake)
+            store.set(INFO_KEY.format(rank=rank), info.encode())
+        else:
+            store.set(INFO_KEY.format(rank=rank), _OFF)
+        infos = _read_all(store, INFO_KEY, world_size, deadline, rank, group)
+        # The answers are named after what every rank read, so no answer of an earlier group of
+        # the same name (same store) can be taken for one of this group.
+        ready_key = READY_KEY.format(nonce=zlib.crc32(b"|".join(infos)), rank="{rank}")
+        peers = [PeerInfo.decode(v) for v in infos]
+        segments, why = _map_peers(rank, seg, peers)
+        store.set(ready_key.format(rank=rank), b"1" if segments is not None else b"0")
+        ready = _read_all(store, ready_key, world_size, deadline, rank, group)
+    except BaseException:
+        if wake_sock is not None:
+            wake_sock.close()
+        raise
+    # Every rank has read every address (it answered), so none will read ours again.
+    with contextlib.suppress(Exception):
+        store.delete_key(INFO_KEY.format(rank=rank))
     if seg is not None:
         seg.close_fd()  # every rank has mapped it (or given up): the fd is not needed any more
     if segments is None or any(v != b"1" for v in ready):

@@ -15,6 +15,7 @@ from tcp_helpers import run_ranks
 from colls import dtypes
 from colls.errors import BackendError, CollsTimeoutError
 from colls.reduce_ops import ReduceOp, resolve_op
+from colls.store import HashStore
 from colls.testing.spawn import free_port, spawn
 from colls_plugins.tcp import shm, shm_setup
 
@@ -67,6 +68,18 @@ def test_one_rank_with_colls_shm_0_keeps_the_whole_group_on_tcp(group, monkeypat
     arrays = [np.arange(10.0) * (r + 1) for r in range(2)]
     run_ranks(lambda r: backends[r].all_reduce(arrays[r], SUM_F64, -1), 2)
     np.testing.assert_array_equal(arrays[0], np.arange(10.0) * 3)
+
+
+def test_a_second_group_on_the_same_store_and_name_sets_up_afresh(group):
+    store = HashStore()
+    first = group(2, store=store, name="again")
+    for backend in first:
+        backend.close()
+    second = group(2, store=store, name="again")
+    assert [b.uses_shm for b in second] == [True, True]
+    arrays = [np.full(5, r + 1.0) for r in range(2)]
+    run_ranks(lambda r: second[r].all_reduce(arrays[r], SUM_F64, -1), 2)
+    np.testing.assert_array_equal(arrays[0], np.full(5, 3.0))
 
 
 def test_algorithm_override_bypasses_shm(group, monkeypatch):
