@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from colls.algorithms._p2p import chunk_bounds
 from colls_plugins.tcp.shm import OP_CODES, ShmGroup, stamp
 
 if TYPE_CHECKING:
@@ -43,18 +44,6 @@ FLAT_MAX_BYTES = 64 * 1024
 _ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER = (
     OP_CODES[name] for name in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
 )
-
-
-def _chunks(count: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``count`` elements into ``parts`` contiguous chunks (the first ones longer)."""
-    base, extra = divmod(count, parts)
-    bounds = []
-    start = 0
-    for index in range(parts):
-        stop = start + base + (1 if index < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
 
 
 def _piece_elements(g: ShmGroup, itemsize: int, per_piece_parts: int = 1) -> int:
@@ -108,7 +97,7 @@ def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
     for a in range(0, array.size, step):
         b = min(a + step, array.size)
         piece = array[a:b]
-        bounds = _chunks(b - a, n)
+        bounds = chunk_bounds(b - a, n)
         lo, hi = bounds[rank]
         slot = g.claim_slot(fp, what)
         mine = g.typed(rank, slot, dtype)
