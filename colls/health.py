@@ -59,7 +59,7 @@ MAX_REASON_CHARS = 4000
 #: Seconds closing a group (or exiting) waits for its failure records to reach the store.
 REPORT_FLUSH_S = 5.0
 #: Seconds a collective that lost a connection waits for the peer's record of why it left.
-CATCH_UP_GRACE_S = 0.25
+CATCH_UP_GRACE_S = 0.5
 #: Slots a reporter tries before giving up (each failed try means another rank reported).
 MAX_REPORT_SLOTS = 10_000
 
@@ -196,13 +196,14 @@ class _Watcher:
                 return
             except (StoreError, OSError, ValueError):  # closed under us: destroy is running
                 return
-            self.next_index += 1
             record = FailureRecord.decode(payload)
-            if record is None:
-                continue
-            if record.kind == SHUTDOWN:
+            if record is not None and record.kind == SHUTDOWN:
                 return
-            self._apply(record)
+            if record is not None:
+                self._apply(record)
+            # Advanced only once applied, so that catch_up() on another thread, which starts
+            # here, re-reads (idempotently) a record this thread holds but has not applied yet.
+            self.next_index += 1
 
     def _next_record(self, key: str) -> bytes | None:
         """Return record ``key`` once it exists (None: not yet, poll again)."""
