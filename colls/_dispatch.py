@@ -16,6 +16,7 @@ from typing import Any
 
 from colls import buffers, fingerprint
 from colls.buffers import Buffer
+from colls.health import label
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import ReduceSpec, resolve_op
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD
@@ -237,7 +238,7 @@ def row_splits(
 def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
     """Check that ``op`` applies to ``buf``'s dtype, before any byte moves."""
     spec = resolve_op(op, buf.dtype, op_name=op_name, rank=my_rank())
-    _record(op_name).reduce_op = spec.kind.name
+    _record(op_name).reduce_op = spec.name
     return spec
 
 
@@ -259,7 +260,8 @@ def submit(
         CollectiveMismatchError: (COLLS_DEBUG=detail) the ranks' calls differ.
     """
     health = pg.health
-    health.check(op)
+    if health.error is not None:
+        health.check(op)
     records = getattr(_call, "records", None)
     record = records.pop(op, None) if records else None
     if record is None:
@@ -267,11 +269,11 @@ def submit(
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
     tag = fingerprint.collective_tag(seq, record.signature())
-    label = f"{op} #{seq}"
 
     def run() -> Any:
-        health.check(op)  # a failure while this call was queued
-        health.begin(label)
+        if health.error is not None:  # a failure while this call was queued
+            health.check(op)
+        health.begin(op, seq)
         try:
             if check_seq is not None:
                 check_tag = fingerprint.collective_tag(
@@ -280,14 +282,11 @@ def submit(
                 fingerprint.check_across_ranks(pg, record, seq, check_tag)
             return job(tag)
         except BaseException as exc:
-            failure = health.job_failed(label, exc)
+            failure = health.job_failed(label(op, seq), exc)
             if failure is exc:
                 raise
             raise failure from exc
         finally:
-            health.end(label)
+            health.end()
 
-    return pg.run(
-        run, description=f"{op} on group {pg.name!r} (rank {pg.rank} of {pg.size})",
-        async_op=async_op,
-    )
+    return pg.run(run, op=op, async_op=async_op)

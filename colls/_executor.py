@@ -34,20 +34,19 @@ class SerialExecutor:
         """Run ``job`` on this thread if nothing is queued; return False (not run) otherwise.
 
         The synchronous fast path: no Work or Future is made, and the job's exception
-        propagates to the caller unchanged.
+        propagates to the caller unchanged. One non-blocking lock acquisition decides: holding
+        ``_running`` with nothing pending, no earlier job can be waiting or running, and a job
+        submitted meanwhile waits for ``_running`` in the worker thread, so order holds.
         """
-        with self._state:
-            self._check_open()
-            if self._pending:
-                return False
-            self._pending += 1
-            self._running.acquire()
+        if not self._running.acquire(blocking=False):
+            return False
         try:
+            if self._pending:  # queued jobs come first (the worker has not taken them yet)
+                return False
+            self._check_open()
             job()
         finally:
             self._running.release()
-            with self._state:
-                self._pending -= 1
         return True
 
     def submit(self, job: Callable[[], Any], work: Work) -> None:

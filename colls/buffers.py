@@ -51,6 +51,7 @@ _NUMPY_DLPACK_ERRORS: Final = (BufferError, TypeError, RuntimeError, ValueError)
 _BF16_NAMES: Final = frozenset({"bfloat16", "torch.bfloat16"})
 # DLPack stream value meaning "the legacy default CUDA stream" (0 is reserved by the spec).
 _CUDA_LEGACY_DEFAULT_STREAM: Final = 1
+_BY_NUMPY: Final = dtypes.numpy_table()
 
 
 @final
@@ -129,13 +130,14 @@ def _wrap(
     rank: int | None,
 ) -> Buffer:  # fmt: skip
     """Build the Buffer for an imported view (NumPy or CuPy), staging it if not C-contiguous."""
-    if writable and not view.flags.writeable:
+    flags = view.flags
+    if writable and not flags.writeable:
         raise _read_only_error(obj, arg, op, rank)
-    if view.dtype != dtype.numpy:  # ml_dtypes bfloat16 -> uint16 words (same itemsize)
-        view = view.view(dtype.numpy)
+    if view.dtype is not dtype.numpy and view.dtype != dtype.numpy:
+        view = view.view(dtype.numpy)  # ml_dtypes bfloat16 -> uint16 words (same itemsize)
     shape = tuple(view.shape)
-    if view.flags.c_contiguous:
-        return Buffer(obj, view.reshape(-1), dtype, shape, device)
+    if flags.c_contiguous:
+        return Buffer(obj, view if view.ndim == 1 else view.reshape(-1), dtype, shape, device)
     staging = _module_of(view).ascontiguousarray(view).reshape(-1)
     # Only an argument the collective writes needs writing back; a read-only one is just copied.
     return Buffer(obj, staging, dtype, shape, device, writable, view if writable else None)
@@ -144,10 +146,12 @@ def _wrap(
 def _from_ndarray(
     obj: Any, view: np.ndarray, writable: bool, arg: str, op: str, rank: int | None
 ) -> Buffer:
-    try:
-        dtype = dtypes.from_numpy(view.dtype)
-    except TypeError as exc:
-        raise _dtype_error(obj, exc, arg, op, rank) from None
+    dtype = _BY_NUMPY.get(view.dtype)  # the common dtypes, without from_numpy's call
+    if dtype is None:
+        try:
+            dtype = dtypes.from_numpy(view.dtype)
+        except TypeError as exc:
+            raise _dtype_error(obj, exc, arg, op, rank) from None
     return _wrap(obj, view, dtype, "cpu", writable, arg, op, rank)
 
 

@@ -166,6 +166,11 @@ def by_name(name: str) -> DType:
     raise _unsupported(repr(name))
 
 
+def numpy_table() -> dict[np.dtype[Any], DType]:
+    """Return a copy of the NumPy dtype -> DType table (bfloat16 excluded), for hot paths."""
+    return dict(_BY_NUMPY)
+
+
 def from_numpy(dtype: Any) -> DType:
     """Return the DType of a NumPy dtype (or anything ``np.dtype()`` accepts).
 

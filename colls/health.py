@@ -284,6 +284,11 @@ def _detach(health: GroupHealth, watcher: _Watcher) -> None:
 # -- one group ----------------------------------------------------------------------------------
 
 
+def label(op: str, seq: int) -> str:
+    """Return how errors name collective number ``seq`` of a group: ``all_reduce #5``."""
+    return f"{op} #{seq}"
+
+
 class GroupHealth:
     """Whether one process group is usable, and the machinery that breaks it (module docstring).
 
@@ -299,8 +304,8 @@ class GroupHealth:
         self._lock = threading.Lock()
         self._error: BackendError | None = None
         self._broken_event = threading.Event()
-        self._current: str | None = None
-        self._last: str | None = None
+        self._current: tuple[str, int] | None = None
+        self._last: tuple[str, int] | None = None
         self._works: set[Work] = set()
         self._closed = False
         listen = getattr(pg.backend, "set_failure_listener", None)
@@ -326,13 +331,16 @@ class GroupHealth:
             raise fresh
 
     # -- bookkeeping of the running operation -------------------------------------------------
-    def begin(self, label: str) -> None:
-        """Note that collective ``label`` ("all_reduce #5") is running (for error messages)."""
-        self._current = label
+    def begin(self, op: str, seq: int) -> None:
+        """Note that collective number ``seq``, an ``op``, is running (for error messages).
 
-    def end(self, label: str) -> None:
-        """Note that collective ``label`` has ended."""
-        self._last, self._current = label, None
+        Kept unformatted: this runs on every call, the text only when something fails.
+        """
+        self._current = (op, seq)
+
+    def end(self) -> None:
+        """Note that the running collective has ended."""
+        self._last, self._current = self._current, None
 
     def track(self, work: Work) -> None:
         """Fail ``work`` too if the group breaks before it completes."""
@@ -349,10 +357,11 @@ class GroupHealth:
             self._works.discard(work)
 
     def _where(self) -> str:
-        if self._current is not None:
-            return f"during {self._current}"
-        if self._last is not None:
-            return f"after {self._last}, between collectives"
+        current, last = self._current, self._last
+        if current is not None:
+            return f"during {label(*current)}"
+        if last is not None:
+            return f"after {label(*last)}, between collectives"
         return "before any collective"
 
     def _me(self) -> int:

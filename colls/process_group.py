@@ -76,17 +76,18 @@ class ProcessGroup:
         """Return the tag of the next collective: negative, unique, same sequence on every rank."""
         return collective_tag(self.next_sequence(), 0)
 
-    def run(
-        self, job: Callable[[], Any], *, description: str, async_op: bool
-    ) -> Work | None:
-        """Run a collective ``job`` in this group's call order.
+    def run(self, job: Callable[[], Any], *, op: str, async_op: bool) -> Work | None:
+        """Run a collective ``job`` (an ``op``) in this group's call order.
 
         Returns a Work when ``async_op`` is true; otherwise waits (re-raising failures) and
         returns None.
         """
         if not async_op and self._executor.try_run_inline(job):
             return None  # the latency path: no Work, no Future, no thread hand-off
-        work = Work(description=description, default_timeout=self.timeout)
+        work = Work(
+            description=f"{op} on group {self.name!r} (rank {self.rank} of {self.size})",
+            default_timeout=self.timeout,
+        )
         self.health.track(work)  # fails at once if the group breaks meanwhile
         self._executor.submit(job, work)
         if async_op:

@@ -142,6 +142,11 @@ class ReduceSpec:
     dtype: DType
     factor: float | complex | None = None
     _ufunc: Any = field(default=None, repr=False, compare=False)
+    #: ``kind.name``, read on every call (an Enum's ``name`` is a slow descriptor).
+    name: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.kind.name)
 
     @property
     def modifies_input(self) -> bool:
@@ -289,7 +294,8 @@ def _check_dtype(
             )
 
 
-_CACHE: dict[tuple[RedOpType, DType], ReduceSpec] = {}
+# Keyed by the kind's value: hashing an Enum member runs Python code, and this is read per call.
+_CACHE: dict[tuple[int, DType], ReduceSpec] = {}
 
 
 def resolve_op(op: Any, dtype: DType, *, op_name: str, rank: int | None = None) -> ReduceSpec:
@@ -307,12 +313,12 @@ def resolve_op(op: Any, dtype: DType, *, op_name: str, rank: int | None = None) 
     """
     kind, factor = _kind_of(op, op_name, rank)
     if factor is None:
-        cached = _CACHE.get((kind, dtype))
+        cached = _CACHE.get((kind._value_, dtype))
         if cached is not None:
             return cached
     _check_dtype(kind, dtype, factor, op_name, rank)
     table = _BOOL_UFUNCS if dtype is dtypes.BOOL else _NUMERIC_UFUNCS
     spec = ReduceSpec(kind, dtype, factor, table[kind])
     if factor is None:
-        _CACHE[(kind, dtype)] = spec
+        _CACHE[(kind._value_, dtype)] = spec
     return spec

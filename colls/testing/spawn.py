@@ -25,6 +25,7 @@ from typing import Any
 #: Seconds to wait for the other ranks' reports after one rank failed (they usually fail too,
 #: and their messages help), before they are killed.
 FAILURE_GRACE = 5.0
+#: Modules the forkserver imports once, so that every rank it forks starts with them loaded.
 PRELOAD = ["numpy", "colls", "colls.collectives", "colls.p2p", "colls_plugins.tcp.backend"]
 
 
@@ -39,7 +40,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def context() -> multiprocessing.context.BaseContext:
+    """Return the forkserver context that starts ranks (preloading :data:`PRELOAD`).
+
+    The server is started once per process, with the ``PRELOAD`` list of that moment: add to it
+    (a test suite's conftest may add ``torch``) before the first rank starts.
+    """
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
@@ -95,7 +101,7 @@ def spawn(
     Raises:
         SpawnError: a rank raised (its traceback is in the message) or the job timed out.
     """
-    ctx = _context()
+    ctx = context()
     results = ctx.Queue()
     environ = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     environ.update(env or {})

@@ -31,7 +31,7 @@ def run_faulty(
     Raises:
         AssertionError: a survivor raised or hung, or a victim reported a result (it lived).
     """
-    ctx = sp._context()
+    ctx = sp.context()
     results = ctx.Queue()
     environ = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(sp.free_port())}
     environ.update(env or {})

@@ -1,7 +1,9 @@
 """Worker processes for the colls_torch tests: a persistent pool, and one-shot jobs.
 
 Importing torch costs seconds on a small machine, so tests do not start fresh interpreters:
-workers are forked from the pytest process (torch already imported, nothing run yet).
+workers come from colls.testing's forkserver, which tests/conftest.py has preload torch. They
+are never forked from the pytest process itself: its JAX and torch thread pools make a forked
+child deadlock now and then (a lock held by a thread that does not exist in the child).
 
 :class:`Pool` keeps ``size`` workers alive across tests. Each worker joins two independent
 worlds once: torch.distributed over gloo (its own TCPStore) and colls_torch (colls' rendezvous),
@@ -17,7 +19,6 @@ themselves, such as ``init_process_group("colls")``).
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
 import pickle
 import socket
@@ -25,6 +26,8 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from colls.testing.spawn import context as process_context
 
 #: Seconds a group of the pool may block before its collectives fail (a hang guard).
 GROUP_TIMEOUT = 60.0
@@ -85,7 +88,7 @@ def _serve(conn: Any, rank: int, size: int, ports: tuple[int, int]) -> None:
 
 
 class Pool:
-    """``size`` forked workers, each in a gloo world and a colls_torch world.
+    """``size`` workers, each in a gloo world and a colls_torch world.
 
     Args:
         size: number of workers (the world size).
@@ -94,7 +97,7 @@ class Pool:
     def __init__(self, size: int) -> None:
         self.size = size
         self.broken = False
-        ctx = multiprocessing.get_context("fork")
+        ctx = process_context()
         ports = (free_port(), free_port())
         self._conns = []
         self._procs = []
@@ -179,11 +182,11 @@ def _fresh_child(fn: Callable[..., Any], rank: int, size: int, args: tuple[Any, 
 
 def run_fresh(fn: Callable[..., Any], size: int, *args: Any, timeout: float = SCENARIO_TIMEOUT,
               env: Mapping[str, str] | None = None) -> list[Any]:
-    """Run ``fn(rank, size, *args)`` once on ``size`` new (forked) processes.
+    """Run ``fn(rank, size, *args)`` once on ``size`` new processes (from the forkserver).
 
     MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK are set; nothing is initialised.
     """
-    ctx = multiprocessing.get_context("fork")
+    ctx = process_context()
     environ = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})}
     pipes = [ctx.Pipe() for _ in range(size)]
     procs = [ctx.Process(target=_fresh_child, args=(fn, r, size, args, environ, pipes[r][1]),

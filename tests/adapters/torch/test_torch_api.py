@@ -1,7 +1,7 @@
 """Units of colls_torch: the error table, reduce ops, Backend, Work, stores, single-process use.
 
-Anything that starts threads (a group, a TCPStore server) runs in a forked child
-(``run_fresh``), so the pytest process stays single-threaded for the workers forked later.
+Anything that starts threads or a group (a TCPStore server) runs in a child process
+(``run_fresh``), so that no test leaves threads or sockets behind in the pytest process.
 """
 
 from __future__ import annotations
