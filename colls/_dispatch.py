@@ -39,26 +39,24 @@ def default_group() -> ProcessGroup:
     return pg
 
 
-# What the checks below saw of the current call's arguments (per thread), keyed by op name;
-# submit() turns it into the call's signature (see colls.fingerprint).
+# What the checks below saw of the current call's arguments (per thread); submit() turns it into
+# the call's signature (see colls.fingerprint).
 _call = threading.local()
 
 
 def _record(op: str) -> fingerprint.CallRecord:
-    records = getattr(_call, "records", None)
-    if records is None:
-        records = _call.records = {}
-    record = records.get(op)
-    if record is None:
-        record = records[op] = fingerprint.CallRecord(op)
+    record = getattr(_call, "record", None)
+    if record is None or record.op != op:
+        record = _call.record = fingerprint.CallRecord(op)
     return record
 
 
 def resolve_group(group: Any) -> ProcessGroup | None:
     """Return the group a call runs on, or None when this process is not a member of it."""
-    _call.records = {}  # every public call starts here: forget the previous call's arguments
+    _call.record = None  # every public call starts here: forget the previous call's arguments
     if group is None or group is WORLD:
-        return default_group()
+        pg = REGISTRY.default
+        return pg if pg is not None else default_group()
     if group is NON_GROUP_MEMBER:
         default_group()  # still an error before init_process_group
         return None
@@ -156,12 +154,9 @@ def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
     multigpu) hand over scratch buffers whose dtype (bfloat16) NumPy cannot express.
     """
     buf = obj if isinstance(obj, Buffer) else buffers.as_buffer(
-        obj, writable=writable, arg=arg, op=op, rank=my_rank()
+        obj, writable=writable, arg=arg, op=op, rank=REGISTRY.world_rank
     )
-    record = _record(op)
-    record.shapes[arg] = buf.shape
-    if record.dtype is None:
-        record.dtype = buf.dtype.name
+    _record(op).saw_array(arg, buf.shape, buf.dtype.name)
     return buf
 
 
@@ -237,7 +232,7 @@ def row_splits(
 
 def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
     """Check that ``op`` applies to ``buf``'s dtype, before any byte moves."""
-    spec = resolve_op(op, buf.dtype, op_name=op_name, rank=my_rank())
+    spec = resolve_op(op, buf.dtype, op_name=op_name, rank=REGISTRY.world_rank)
     _record(op_name).reduce_op = spec.name
     return spec
 
@@ -262,10 +257,11 @@ def submit(
     health = pg.health
     if health.error is not None:
         health.check(op)
-    records = getattr(_call, "records", None)
-    record = records.pop(op, None) if records else None
-    if record is None:
+    record = getattr(_call, "record", None)
+    if record is None or record.op != op:
         record = fingerprint.CallRecord(op)
+    else:
+        _call.record = None
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
     tag = fingerprint.collective_tag(seq, record.signature())

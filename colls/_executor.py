@@ -43,7 +43,8 @@ class SerialExecutor:
         try:
             if self._pending:  # queued jobs come first (the worker has not taken them yet)
                 return False
-            self._check_open()
+            if self._closed:
+                self._check_open()
             job()
         finally:
             self._running.release()

@@ -265,6 +265,9 @@ def as_buffer(obj: Any, *, writable: bool, arg: str, op: str, rank: int | None =
             that requires grad; CUDA memory without CuPy.
     """
     if type(obj) is np.ndarray:  # the hot path
+        dtype = _BY_NUMPY.get(obj.dtype)
+        if dtype is not None:
+            return _wrap(obj, obj, dtype, "cpu", writable, arg, op, rank)
         return _from_ndarray(obj, obj, writable, arg, op, rank)
     if isinstance(obj, np.ndarray):  # subclasses (memmap, ...)
         return _from_ndarray(obj, obj.view(np.ndarray), writable, arg, op, rank)

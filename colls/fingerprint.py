@@ -25,7 +25,6 @@ Which argument's size must agree is op specific (``all_to_all`` sizes legitimate
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import zlib
@@ -73,7 +72,11 @@ FINGERPRINT_BYTES = 256
 _DIGEST_BYTES = 16
 
 
-@functools.lru_cache(maxsize=1024)  # a training loop repeats a handful of call shapes
+#: Signatures by (op, dtype, agreed shape, root, reduce op): a training loop repeats a handful.
+_SIGNATURES: dict[tuple[Any, ...], int] = {}
+_MAX_SIGNATURES = 4096
+
+
 def _signature(
     op: str, dtype: str | None, numel: int | None, root: int | None, reduce_op: str | None
 ) -> int:
@@ -86,28 +89,34 @@ class CollectiveMismatchError(ValueError):
     """Ranks called different collectives (or with different arguments) at the same point."""
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRecord:
     """What :mod:`colls._dispatch` saw of one call's arguments, for its signature.
 
     Attributes:
         op: the operation name ("all_reduce").
         dtype: name of the first array argument's dtype, or None without arrays.
-        shapes: shape of each single-array argument, by argument name.
+        shape: shape of the argument every rank must pass identically (:data:`AGREED_ARG`).
         root: the group rank of the root, for rooted ops.
         reduce_op: the reduce op's name, for reductions.
     """
 
     op: str
     dtype: str | None = None
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shape: tuple[int, ...] | None = None
     root: int | None = None
     reduce_op: str | None = None
 
+    def saw_array(self, arg: str, shape: tuple[int, ...], dtype: str) -> None:
+        """Note array argument ``arg``: the first one's dtype, and the agreed one's shape."""
+        if self.dtype is None:
+            self.dtype = dtype
+        if arg == AGREED_ARG.get(self.op):
+            self.shape = shape
+
     def agreed_shape(self) -> tuple[int, ...] | None:
         """Return the shape every rank must pass for this op, or None if there is none."""
-        arg = AGREED_ARG.get(self.op)
-        return None if arg is None else self.shapes.get(arg)
+        return self.shape
 
     def agreed_numel(self) -> int | None:
         """Return the element count every rank must pass, or None."""
@@ -115,8 +124,16 @@ class CallRecord:
         return None if shape is None else math.prod(shape)
 
     def signature(self) -> int:
-        """Return the 24-bit signature carried by this call's tag."""
-        return _signature(self.op, self.dtype, self.agreed_numel(), self.root, self.reduce_op)
+        """Return the 24-bit signature carried by this call's tag (memoised: read per call)."""
+        key = (self.op, self.dtype, self.agreed_shape(), self.root, self.reduce_op)
+        found = _SIGNATURES.get(key)
+        if found is None:
+            if len(_SIGNATURES) >= _MAX_SIGNATURES:
+                _SIGNATURES.clear()  # a program with endless call shapes: start over
+            found = _SIGNATURES[key] = _signature(
+                self.op, self.dtype, self.agreed_numel(), self.root, self.reduce_op
+            )
+        return found
 
     def describe(self, seq: int, group: str) -> str:
         """Return the text fingerprint exchanged under COLLS_DEBUG=detail."""

@@ -58,6 +58,12 @@ if TYPE_CHECKING:
 #: Seconds close() waits for a collective still running on the group's executor thread
 #: before leaving the communicator to MPI_Finalize instead of freeing it under the collective.
 CLOSE_WAIT: Final = 5.0
+#: Tests of a collective's request made back to back before the wait starts yielding the CPU
+#: and watching the clock, when every rank of the group on this host has a core (like MPICH's
+#: polls-before-yield: the data moves inside the tests, and yielding early made large
+#: collectives slower than MPI's blocking calls). With more ranks than cores the wait yields
+#: after YIELD_AFTER_TESTS tests instead: spinning then starves the peers that share the core.
+SPIN_TESTS: Final = 1000
 
 _tables: dict[int, ReductionTable] = {}
 _live: weakref.WeakSet[MpiBackend] = weakref.WeakSet()
@@ -111,6 +117,7 @@ class MpiBackend(Backend):
         self._internal = self._comm.Dup()
         self._tag_ub = int(self._comm.Get_attr(MPI.TAG_UB))
         self._reductions = _reduction_table(MPI)
+        self._spin_tests = YIELD_AFTER_TESTS if _oversubscribed(MPI, self._comm) else SPIN_TESTS
         self.cuda_aware = runtime.cuda_aware()
         self.devices = ("cpu", "cuda") if self.cuda_aware else ("cpu",)
         self._progress = Progress(options.group_name, MPI.Status)
@@ -290,14 +297,12 @@ class MpiBackend(Backend):
             try:
                 request = start(*args)
                 test = request.Test
-                if test():
-                    return
+                for _ in range(self._spin_tests):  # back to back first: each test advances MPI
+                    if test():
+                        return
                 deadline = time.monotonic() + self.timeout
-                spins = 0
                 while not test():
-                    spins += 1
-                    if spins > YIELD_AFTER_TESTS:
-                        os.sched_yield()  # lets a descheduled peer run on a crowded host
+                    os.sched_yield()  # lets a descheduled peer run on a crowded host
                     if self._broken is not None or time.monotonic() > deadline:
                         self._give_up(what, request, args)
             except self._MPI.Exception as exc:
@@ -384,6 +389,21 @@ def _mpi_text(exc: Exception) -> str:
     head = lines[0].removesuffix("error stack:").rstrip(" ,")
     innermost = lines[-1].split("): ", 1)[-1] if len(lines) > 1 else head
     return head if innermost == head else f"{head}: {innermost}"
+
+
+def _oversubscribed(MPI: Any, comm: Any) -> bool:
+    """Whether this host runs more of ``comm``'s ranks than this process may use cores.
+
+    Collective over ``comm`` (the group's constructor is collective anyway).
+    """
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        ranks_here = local.Get_size()
+    finally:
+        local.Free()
+    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere count every core
+    cores = len(getaffinity(0)) if getaffinity is not None else (os.cpu_count() or 1)
+    return ranks_here > cores
 
 
 def _counts_and_displacements(splits: Sequence[int], itemsize: int) -> tuple[list[int], list[int]]:

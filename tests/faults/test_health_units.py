@@ -61,9 +61,9 @@ def _until(condition, limit=WAIT):
 # -- fingerprints and tags ------------------------------------------------------------------------
 
 def test_tags_keep_the_sequence_and_differ_by_signature():
-    a = CallRecord("all_reduce", "float32", {"tensor": (4,)}, None, "SUM")
-    b = CallRecord("broadcast", "float32", {"tensor": (4,)}, 0, None)
-    c = CallRecord("all_reduce", "float32", {"tensor": (2, 2)}, None, "SUM")  # same numel
+    a = CallRecord("all_reduce", "float32", (4,), None, "SUM")
+    b = CallRecord("broadcast", "float32", (4,), 0, None)
+    c = CallRecord("all_reduce", "float32", (2, 2), None, "SUM")  # same numel
     for seq in (0, 1, 12345, (1 << 39) - 1):
         tag = collective_tag(seq, a.signature())
         assert tag < 0 and tag_sequence(tag) == seq
