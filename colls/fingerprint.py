@@ -125,7 +125,7 @@ class CallRecord:
 
     def signature(self) -> int:
         """Return the 24-bit signature carried by this call's tag (memoised: read per call)."""
-        key = (self.op, self.dtype, self.agreed_shape(), self.root, self.reduce_op)
+        key = (self.op, self.dtype, self.shape, self.root, self.reduce_op)
         found = _SIGNATURES.get(key)
         if found is None:
             if len(_SIGNATURES) >= _MAX_SIGNATURES:

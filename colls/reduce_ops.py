@@ -311,6 +311,10 @@ def resolve_op(op: Any, dtype: DType, *, op_name: str, rank: int | None = None) 
         TypeError: unknown op, or an op the dtype does not allow.
         ValueError: bare ``ReduceOp.PREMUL_SUM`` without a factor.
     """
+    if type(op) is RedOpType:  # the common spelling, ReduceOp.SUM: straight to the cache
+        cached = _CACHE.get((op._value_, dtype))
+        if cached is not None:
+            return cached
     kind, factor = _kind_of(op, op_name, rank)
     if factor is None:
         cached = _CACHE.get((kind._value_, dtype))
