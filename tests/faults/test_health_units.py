@@ -214,6 +214,39 @@ def test_a_dead_peer_breaks_every_group_that_contains_it():
 
 
 @pytest.mark.timeout(60)
+def test_a_lost_connection_finds_the_record_the_watcher_holds_but_has_not_applied(monkeypatch):
+    """The race CI once lost: a peer records why it fails, then closes its connections; this
+    rank's watcher has read the record but not applied it when the collective sees the close.
+    The collective's catch-up must still find the record and raise the peer's reason."""
+    from colls import health as health_module
+
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
+    client = TCPStore("127.0.0.1", master.port, timeout=30)
+    watcher_holds_it, release = threading.Event(), threading.Event()
+    apply_record = health_module._Watcher._apply
+
+    def slow_apply(self, record):
+        if threading.current_thread().name == "colls-health":
+            watcher_holds_it.set()
+            release.wait(WAIT)
+        apply_record(self, record)
+
+    monkeypatch.setattr(health_module._Watcher, "_apply", slow_apply)
+    try:
+        here, there = fake_group(master, rank=0), fake_group(client, rank=1)
+        here.health.job_failed("broadcast #0", ValueError("rank 0 runs a different collective"))
+        assert watcher_holds_it.wait(WAIT)
+        raised = there.health.job_failed(
+            "all_reduce #0", NetworkError("tcp: connection to rank 0 lost: peer closed"))
+        assert isinstance(raised, BackendError)
+        assert "rank 0 reported" in str(raised) and "different collective" in str(raised)
+    finally:
+        release.set()
+        client.close()
+        master.close()
+
+
+@pytest.mark.timeout(60)
 def test_losing_the_store_breaks_groups_but_an_orderly_shutdown_does_not():
     for orderly in (True, False):
         master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
