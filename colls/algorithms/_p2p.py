@@ -48,13 +48,14 @@ class Comm(Protocol):
     def irecv(self, array: Array, src: int | None, tag: int) -> Work: ...
 
 
-def wait_all(comm: Comm, works: Sequence[Work], what: str) -> None:
+def wait_all(comm: Comm, works: Sequence[Work], what: str, *, poll: bool = True) -> None:
     """Wait for every Work in ``works`` with the group's timeout; fail on the first failure.
 
     Args:
         comm: the group's backend (its ``timeout`` bounds the wait).
         works: the Works to wait for (may be empty).
         what: the step, for the timeout message ("all_reduce ring: receive from rank 3").
+        poll: let the backend make progress on this thread before it sleeps (its ``poll``).
 
     Raises:
         CollsTimeoutError: the works did not all finish within ``comm.timeout``.
@@ -63,9 +64,9 @@ def wait_all(comm: Comm, works: Sequence[Work], what: str) -> None:
     if not works:
         return
     combined = works[0] if len(works) == 1 else all_done(list(works), description=what)
-    poll = getattr(comm, "poll", None)
-    if poll is not None and not combined.is_completed():
-        poll(combined)  # the backend may make progress on this thread before it sleeps
+    progress = getattr(comm, "poll", None) if poll else None
+    if progress is not None and not combined.is_completed():
+        progress(combined)  # the backend may make progress on this thread before it sleeps
     try:
         combined.wait(comm.timeout)
     except CollsTimeoutError:
@@ -163,7 +164,9 @@ class RecvPipeline:
         the reduction.
         """
         work = self._posted.popleft()
-        wait_all(self._comm, [work], self._what)
+        # Poll only for the last receive in flight: while more stream in behind it, the backend's
+        # progress thread is busy with them anyway, and a polling caller competes with it.
+        wait_all(self._comm, [work], self._what, poll=not self._posted)
         if self._next < len(self._sources):
             self._post()
 
