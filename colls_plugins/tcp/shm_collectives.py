@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from colls.algorithms._p2p import chunk_bounds
+from colls.algorithms._p2p import chunk_bounds, segments
 from colls_plugins.tcp.shm import OP_CODES, ShmGroup, stamp
 
 if TYPE_CHECKING:
@@ -72,8 +72,7 @@ def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
     dtype, n, rank = array.dtype, g.size, g.rank
     fp = stamp(_ALL_REDUCE, array.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize)
-    for a in range(0, array.size, step):
-        b = min(a + step, array.size)
+    for a, b in segments(0, array.size, step):
         piece = array[a:b]
         slot = g.claim_slot(fp, what)
         views = g.views(slot, dtype)
@@ -94,8 +93,7 @@ def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
     dtype, n, rank = array.dtype, g.size, g.rank
     fp = stamp(_ALL_REDUCE, array.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize)
-    for a in range(0, array.size, step):
-        b = min(a + step, array.size)
+    for a, b in segments(0, array.size, step):
         piece = array[a:b]
         bounds = chunk_bounds(b - a, n)
         lo, hi = bounds[rank]
@@ -132,8 +130,7 @@ def broadcast(g: ShmGroup, array: Array, root: int) -> None:
     dtype = array.dtype
     fp = stamp(_BROADCAST, array.nbytes, root)
     step = _piece_elements(g, dtype.itemsize)
-    for a in range(0, array.size, step):
-        b = min(a + step, array.size)
+    for a, b in segments(0, array.size, step):
         slot = g.claim_slot(fp, what)
         if g.rank == root:
             g.typed(root, slot, dtype)[: b - a] = array[a:b]
@@ -155,8 +152,7 @@ def reduce(g: ShmGroup, array: Array, root: int, op: ReduceSpec) -> None:
     fp = stamp(_REDUCE, array.nbytes, root)
     step = _piece_elements(g, dtype.itemsize)
     others = [r for r in range(n) if r != root]
-    for a in range(0, array.size, step):
-        b = min(a + step, array.size)
+    for a, b in segments(0, array.size, step):
         slot = g.claim_slot(fp, what)
         if g.rank != root:
             g.typed(g.rank, slot, dtype)[: b - a] = array[a:b]
@@ -181,8 +177,7 @@ def all_gather(g: ShmGroup, output: Array, input: Array) -> None:
     fp = stamp(_ALL_GATHER, output.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize)
     output[rank * count : (rank + 1) * count] = input
-    for a in range(0, count, step):
-        b = min(a + step, count)
+    for a, b in segments(0, count, step):
         slot = g.claim_slot(fp, what)
         g.typed(rank, slot, dtype)[: b - a] = input[a:b]
         g.post()
@@ -203,8 +198,7 @@ def reduce_scatter(g: ShmGroup, output: Array, input: Array, op: ReduceSpec) -> 
     dtype, n, rank = input.dtype, g.size, g.rank
     fp = stamp(_REDUCE_SCATTER, input.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize, n)
-    for a in range(0, count, step):
-        b = min(a + step, count)
+    for a, b in segments(0, count, step):
         length = b - a
         slot = g.claim_slot(fp, what)
         mine = g.typed(rank, slot, dtype)
