@@ -27,6 +27,7 @@ Threading contract:
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,18 @@ if TYPE_CHECKING:
     from colls.store.base import Store
 
 Array = Any  # numpy.ndarray on CPU, cupy.ndarray on CUDA
+
+
+def available_cores() -> int:
+    """Return how many cores this process may run on (its CPU affinity, else every core).
+
+    Backends that busy-wait compare it with the ranks sharing the host: spinning pays when every
+    rank has a core and starves peers that share one when ranks outnumber cores.
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API outside Linux
+        return os.cpu_count() or 1
 
 
 class Backend(ABC):

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from colls.backend import Backend
+from colls.backend import Backend, available_cores
 from colls.errors import BackendError, CollsTimeoutError
 from colls.work import Work
 from colls_plugins.mpi import runtime
@@ -401,9 +401,7 @@ def _oversubscribed(MPI: Any, comm: Any) -> bool:
         ranks_here = local.Get_size()
     finally:
         local.Free()
-    getaffinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere count every core
-    cores = len(getaffinity(0)) if getaffinity is not None else (os.cpu_count() or 1)
-    return ranks_here > cores
+    return ranks_here > available_cores()
 
 
 def _counts_and_displacements(splits: Sequence[int], itemsize: int) -> tuple[list[int], list[int]]:

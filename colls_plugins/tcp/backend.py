@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from colls.algorithms import select
-from colls.backend import Backend
+from colls.backend import Backend, available_cores
 from colls_plugins.tcp import shm_collectives
 from colls_plugins.tcp._frames import MAX_TAG
 from colls_plugins.tcp._mismatch import PROBE_TAG
 from colls_plugins.tcp._scratch import ScratchArena
 from colls_plugins.tcp.connections import connect_mesh
 from colls_plugins.tcp.engine import Engine
-from colls_plugins.tcp.shm import ShmGroup, available_cores
+from colls_plugins.tcp.shm import ShmGroup
 from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:

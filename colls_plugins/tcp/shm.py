@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from colls.backend import available_cores
 from colls.errors import BackendError, CollsTimeoutError
 
 logger = logging.getLogger("colls.tcp")
@@ -102,14 +103,6 @@ YIELD_SECONDS_MAX = 0.02
 YIELD_SECONDS_MIN = 0.005
 #: Longest single block on the wake-up socket before re-checking counters, peers and timeout.
 BLOCK_SLICE_SECONDS = 0.01
-
-def available_cores() -> int:
-    """Return how many cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
 
 class Segment:
     """One rank's memory: a control page and ``SLOTS`` data slots, mapped into this process.
