@@ -51,7 +51,6 @@ _NUMPY_DLPACK_ERRORS: Final = (BufferError, TypeError, RuntimeError, ValueError)
 _BF16_NAMES: Final = frozenset({"bfloat16", "torch.bfloat16"})
 # DLPack stream value meaning "the legacy default CUDA stream" (0 is reserved by the spec).
 _CUDA_LEGACY_DEFAULT_STREAM: Final = 1
-_BY_NUMPY: Final = dtypes.numpy_table()
 
 
 @final
@@ -146,7 +145,7 @@ def _wrap(
 def _from_ndarray(
     obj: Any, view: np.ndarray, writable: bool, arg: str, op: str, rank: int | None
 ) -> Buffer:
-    dtype = _BY_NUMPY.get(view.dtype)  # the common dtypes, without from_numpy's call
+    dtype = dtypes.known_numpy(view.dtype)  # the common dtypes, without from_numpy's checks
     if dtype is None:
         try:
             dtype = dtypes.from_numpy(view.dtype)
@@ -265,7 +264,7 @@ def as_buffer(obj: Any, *, writable: bool, arg: str, op: str, rank: int | None =
             that requires grad; CUDA memory without CuPy.
     """
     if type(obj) is np.ndarray:  # the hot path
-        dtype = _BY_NUMPY.get(obj.dtype)
+        dtype = dtypes.known_numpy(obj.dtype)
         if dtype is not None:
             return _wrap(obj, obj, dtype, "cpu", writable, arg, op, rank)
         return _from_ndarray(obj, obj, writable, arg, op, rank)

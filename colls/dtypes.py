@@ -166,9 +166,9 @@ def by_name(name: str) -> DType:
     raise _unsupported(repr(name))
 
 
-def numpy_table() -> dict[np.dtype[Any], DType]:
-    """Return a copy of the NumPy dtype -> DType table (bfloat16 excluded), for hot paths."""
-    return dict(_BY_NUMPY)
+#: ``known_numpy(np_dtype)``: the DType of a supported native NumPy dtype, else None. The table's
+#: own lookup, without from_numpy's checks and errors: for the per-call import of arrays.
+known_numpy: Final = _BY_NUMPY.get
 
 
 def from_numpy(dtype: Any) -> DType:
