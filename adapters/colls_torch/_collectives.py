@@ -141,9 +141,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     pg = _groups.member(group, "gather")
     if pg is None:
         return None
-    if dst is None and group_dst is None:
-        dst = 0
-    root = _groups.group_rank(pg, dst, group_dst, op="gather")
+    root = _groups.root_rank(pg, dst, group_dst, op="gather")
     _root_list(pg, root, gather_list, "gather_list", "destination")
     st = _staging(pg)
     outs, src = st.targets(gather_list) or None, st.source(tensor)
@@ -167,9 +165,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     pg = _groups.member(group, "scatter")
     if pg is None:
         return None
-    if src is None and group_src is None:
-        src = 0
-    root = _groups.group_rank(pg, src, group_src, op="scatter")
+    root = _groups.root_rank(pg, src, group_src, op="scatter")
     _root_list(pg, root, scatter_list, "scatter_list", "source")
     st = _staging(pg)
     out, ins = st.target(tensor), st.sources(scatter_list) or None

@@ -101,13 +101,11 @@ def backend_call() -> Iterator[None]:
     gloo in C++ and raise RuntimeError. colls checks the latter as ValueError, hence the rule.
     """
     try:
-        yield
-    except CollsError as exc:
-        cls = torch_class_for(exc)
-        if cls is None:
-            raise
-        raise cls(str(exc)) from exc
+        with translated():
+            yield
     except ValueError as exc:
+        if isinstance(exc, CollsError):
+            raise  # a colls error torch has no class for: as translated() leaves it
         raise RuntimeError(str(exc)) from exc
 
 

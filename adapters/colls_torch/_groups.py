@@ -252,6 +252,16 @@ def group_rank(pg: ProcessGroup, rank: int | None, grank: int | None, *, op: str
     return grank
 
 
+def root_rank(pg: ProcessGroup, rank: int | None, grank: int | None, *, op: str) -> int:
+    """:func:`group_rank` of a root that defaults to world rank 0 when neither rank is given.
+
+    torch's rule for gather, scatter and the object collectives (``dst``/``src`` default None).
+    """
+    if rank is None and grank is None:
+        rank = 0
+    return group_rank(pg, rank, grank, op=op)
+
+
 def get_rank(group: Any = None) -> int:
     """Return this process's rank in ``group``; -1 if it is not a member."""
     return colls.get_rank(group)

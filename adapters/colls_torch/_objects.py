@@ -42,9 +42,7 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
     pg = _groups.member(group, "gather_object")
     if pg is None:
         return None
-    if dst is None and group_dst is None:
-        dst = 0
-    root = _groups.group_rank(pg, dst, group_dst, op="gather_object")
+    root = _groups.root_rank(pg, dst, group_dst, op="gather_object")
     if pg.rank == root and not object_gather_list:
         raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
     if pg.rank != root and object_gather_list:
@@ -63,9 +61,7 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
     pg = _groups.member(group, "broadcast_object_list")
     if pg is None:
         return None
-    if src is None and group_src is None:
-        src = 0
-    root = _groups.group_rank(pg, src, group_src, op="broadcast_object_list")
+    root = _groups.root_rank(pg, src, group_src, op="broadcast_object_list")
     colls.broadcast_object_list(object_list, group=pg, group_src=root)
     return None
 
@@ -79,9 +75,7 @@ def scatter_object_list(scatter_object_output_list: list[Any],
     pg = _groups.member(group, "scatter_object_list")
     if pg is None:
         return None
-    if src is None and group_src is None:
-        src = 0
-    root = _groups.group_rank(pg, src, group_src, op="scatter_object_list")
+    root = _groups.root_rank(pg, src, group_src, op="scatter_object_list")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError(
             "Expected argument scatter_object_output_list to be a list of size at least 1."
