@@ -277,7 +277,12 @@ def test_tag_output_prefixes_every_line(write_script, run_launcher):
 
 
 def test_output_is_untagged_by_default(write_script, run_launcher):
-    script = write_script("talk.py", 'import os; print("hello", os.environ["RANK"])')
+    # One write per line (print makes several when PYTHONUNBUFFERED is set), so ranks sharing the
+    # untagged stdout cannot interleave within a line.
+    script = write_script("talk.py", """
+        import os, sys
+        sys.stdout.write("hello " + os.environ["RANK"] + "\\n")
+    """)
     result = run_launcher("--nproc-per-node", "2", str(script))
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["hello 0", "hello 1"]
@@ -336,7 +341,10 @@ def test_console_script_colls_run(write_script, tmp_path):
         exe = Path("/tmp/venv/bin/colls-run")
     if not exe.exists():
         pytest.skip("the colls-run console script is not installed (pip install -e . first)")
-    script = write_script("hello.py", 'import os; print("hi", os.environ["WORLD_SIZE"])')
+    script = write_script("hello.py", """
+        import os, sys
+        sys.stdout.write("hi " + os.environ["WORLD_SIZE"] + "\\n")  # one write per line, as above
+    """)
     result = subprocess.run(
         [str(exe), "--nproc-per-node", "2", str(script)], cwd=tmp_path, env=launcher_env(),
         capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
