@@ -43,6 +43,13 @@ def _parse_debug(text: str) -> str:
     return lowered
 
 
+def _parse_start_method(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("fork", "exec"):  # colls.run.config.START_METHODS
+        raise ValueError(f"expected fork or exec, got {text!r}")
+    return lowered
+
+
 def _parse_str(text: str) -> str:
     return text.strip()
 
@@ -131,6 +138,11 @@ SETTINGS: dict[str, Setting] = {
             "COLLS_ERROR_FILE", _parse_str, "",
             "Set by colls-run for each worker: the file where the worker wrapper writes the "
             "traceback of an uncaught exception, for the launcher's root-cause report.",
+        ),
+        Setting(
+            "COLLS_START_METHOD", _parse_start_method, "fork",
+            "colls-run's default for --start-method: fork (workers forked from the launcher, "
+            "which preloaded NumPy and colls; fast startup) or exec (a fresh interpreter each).",
         ),
     )
 }

@@ -10,6 +10,9 @@ Command line (built by colls.run.processes, not meant for people)::
     python -u -m colls.run._worker SCRIPT [ARG ...]
     python -u -m colls.run._worker -m MODULE [ARG ...]
 
+Under ``--start-method fork`` there is no new interpreter: colls.run.forking calls :func:`main` with
+the same arguments in a child forked from the launcher.
+
 Only the standard library is imported here, and only what Python loads anyway on the success path,
 because every worker pays this at startup.
 """
@@ -60,8 +63,10 @@ def _run(is_module: bool, target: str, args: list[str]) -> None:
     """Run the user's program in this interpreter as ``__main__``."""
     sys.argv = [target, *args]
     if is_module:
-        # ``python -m colls.run._worker`` already put the working directory first on sys.path,
-        # which is what ``python -m module`` does.
+        if not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH: python -m adds none
+            # What ``python -m module`` does. ``python -m colls.run._worker`` did it already; a
+            # worker forked from the launcher has the launcher's own first entry there instead.
+            sys.path[0] = os.getcwd()
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         sys.path[0] = _script_path_entry(target)

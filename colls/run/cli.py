@@ -12,7 +12,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from colls.run.config import LaunchConfig, find_free_port
+from colls import env
+from colls.run.config import START_METHODS, LaunchConfig, find_free_port
 from colls.run.processes import SignalCatcher, launch
 
 PROG = "colls-run"
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--tag-output", "--tag_output", dest="tag_output", action="store_true",
         help="prefix every output line of a worker with '[rank N]: '",
     )
+    parser.add_argument(
+        "--start-method", "--start_method", dest="start_method", choices=START_METHODS,
+        default=None,
+        help="fork: Python workers are forked from colls-run after it imported NumPy and colls "
+        "once (fast startup); exec: each worker is a fresh interpreter. Default: "
+        "$COLLS_START_METHOD, else fork. --no-python and PYTHON_EXEC always exec",
+    )
     parser.add_argument("script", help="the script (module with -m, program with --no-python)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return parser
@@ -120,6 +128,16 @@ def _resolve_port(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(str(exc).removeprefix(f"{PROG}: "))
 
 
+def _resolve_start_method(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """Return --start-method, or COLLS_START_METHOD's value (default fork) when not given."""
+    if args.start_method is not None:
+        return str(args.start_method)
+    try:
+        return str(env.get("COLLS_START_METHOD"))
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
     """Parse a colls-run command line into a LaunchConfig.
 
@@ -130,6 +148,7 @@ def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
     parser = build_parser()
     args = parser.parse_args(argv)
     port = _resolve_port(parser, args)
+    start_method = _resolve_start_method(parser, args)
     if not (args.module or args.no_python or os.path.exists(args.script)):
         parser.error(
             f"script {args.script!r} does not exist (use -m to run a module, --no-python to run "
@@ -147,6 +166,7 @@ def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
             module=args.module,
             no_python=args.no_python,
             tag_output=args.tag_output,
+            start_method=start_method,
         )
     except ValueError as exc:
         parser.error(str(exc).removeprefix(f"{PROG}: "))

@@ -9,10 +9,15 @@ colls-run must start in a few milliseconds.
 from __future__ import annotations
 
 import socket
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 #: Highest TCP port number.
 MAX_PORT = 65535
+
+#: How Python workers are started (``--start-method``): forked from the launcher, which has
+#: preloaded NumPy and colls (fast, see colls.run.forking), or a fresh interpreter each (``exec``).
+START_METHODS = ("fork", "exec")
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,8 @@ class LaunchConfig:
         module: Run ``script`` as a module, like ``python -m``.
         no_python: Execute ``script`` directly instead of through the Python interpreter.
         tag_output: Prefix every output line of each worker with ``[rank N]: ``.
+        start_method: ``fork`` or ``exec`` (one of START_METHODS); ``fork`` falls back to ``exec``
+            where it cannot apply (see colls.run.forking.use_fork).
     """
 
     script: str
@@ -43,6 +50,7 @@ class LaunchConfig:
     module: bool = False
     no_python: bool = False
     tag_output: bool = False
+    start_method: str = "fork"
 
     def __post_init__(self) -> None:
         """Check ranges and flag combinations; the messages name the flag and the value."""
@@ -67,6 +75,11 @@ class LaunchConfig:
                 "colls-run: --module and --no-python cannot be used together "
                 "(a module needs the Python interpreter)"
             )
+        if self.start_method not in START_METHODS:
+            raise ValueError(
+                f"colls-run: --start-method {self.start_method!r} is invalid; expected one of "
+                f"{', '.join(START_METHODS)}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -76,6 +89,17 @@ class LaunchConfig:
     def global_rank(self, local_rank: int) -> int:
         """Return the job-wide RANK of the worker with ``local_rank`` on this node."""
         return self.node_rank * self.nproc_per_node + local_rank
+
+    def apply_thread_defaults(self, env: MutableMapping[str, str]) -> None:
+        """Set OMP_NUM_THREADS=1 in ``env`` unless it is set, when this node runs several workers.
+
+        As torchrun: N workers each spawning one OpenMP/BLAS thread per core overload the machine.
+        The one place for this rule: worker environments get it, and so does the launcher's own
+        environment before it preloads NumPy for forked workers (OpenBLAS sizes its thread pool
+        from the environment at import time).
+        """
+        if self.nproc_per_node > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _require_positive(flag: str, value: int) -> None:

@@ -1,12 +1,14 @@
 """Start, watch and stop the workers of one node: the process half of colls-run.
 
-Every worker runs in its own session (``start_new_session=True``), so the launcher can signal a
+Python workers are forked from the launcher after it preloaded NumPy and colls
+(``--start-method fork``, colls.run.forking: the fast default), or each runs a fresh interpreter
+(``exec``, subprocess.Popen). Every worker runs in its own session, so the launcher can signal a
 worker together with anything it spawned (``os.killpg``), and so a Ctrl-C in the terminal reaches
 only the launcher, which forwards it once. All workers are started before any is waited on, then
 polled every ``POLL_INTERVAL_S``. When one fails, the rest get SIGTERM, ``STOP_GRACE_S`` to exit,
 then SIGKILL, and the root-cause report (colls.run.failures) goes to stderr.
 
-Standard library only: the launcher must start in a few milliseconds.
+Standard library only (the fork path's preloads aside): the launcher must start in milliseconds.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import IO, BinaryIO
+from typing import IO, BinaryIO, Protocol
 
+from colls.run import forking
 from colls.run.config import LaunchConfig
 from colls.run.failures import (
     SIGNAL_EXIT_BASE,
@@ -82,8 +85,14 @@ class WorkerStartError(Exception):
         return 1
 
 
+def worker_argv(config: LaunchConfig) -> list[str]:
+    """Return the wrapper's arguments (colls.run._worker): ``[SCRIPT | -m MODULE, ARG ...]``."""
+    target = ["-m", config.script] if config.module else [config.script]
+    return [*target, *config.script_args]
+
+
 def build_command(config: LaunchConfig) -> list[str]:
-    """Return the argv each worker runs: the wrapped Python program, or the program itself.
+    """Return the argv an exec'd worker runs: the wrapped Python program, or the program itself.
 
     Python workers run with ``-u`` (unbuffered output) as under torchrun; ``PYTHON_EXEC`` picks
     another interpreter, as in torchrun.
@@ -91,8 +100,7 @@ def build_command(config: LaunchConfig) -> list[str]:
     if config.no_python:
         return [config.script, *config.script_args]
     python = os.environ.get("PYTHON_EXEC") or sys.executable
-    target = ["-m", config.script] if config.module else [config.script]
-    return [python, "-u", "-m", WORKER_MODULE, *target, *config.script_args]
+    return [python, "-u", "-m", WORKER_MODULE, *worker_argv(config)]
 
 
 def worker_env(
@@ -117,10 +125,22 @@ def worker_env(
         MASTER_PORT=str(config.master_port),
         COLLS_ERROR_FILE=error_file,
     )
-    if config.nproc_per_node > 1:
-        # As torchrun: N workers each spawning one OpenMP thread per core overload the machine.
-        env.setdefault("OMP_NUM_THREADS", "1")
+    config.apply_thread_defaults(env)
     return env
+
+
+class WorkerProcess(Protocol):
+    """What the launcher uses of a worker process: subprocess.Popen, or forking.ForkedProcess."""
+
+    pid: int
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None:
+        """Return the return code once the process exited (minus N for signal N), else None."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit and return the return code; raise TimeoutExpired after timeout."""
 
 
 @dataclass
@@ -130,7 +150,7 @@ class Worker:
     local_rank: int
     rank: int
     error_file: str
-    popen: subprocess.Popen[bytes]
+    popen: WorkerProcess
     returncode: int | None = None
     stopped_by_launcher: bool = False
     stop_signal: int | None = None
@@ -217,34 +237,54 @@ class WorkerGroup:
     def start(self) -> None:
         """Start every worker of this node, without waiting on any.
 
+        With fork, the launcher first preloads what workers import (colls.run.forking). The
+        --tag-output readers start only once every worker is started: no thread may run in the
+        launcher while it forks.
+
         Raises:
             WorkerStartError: a worker could not be started; the ones already started keep
                 running until the caller stops them (or leaves the context).
         """
         if self._error_dir is None:
             raise RuntimeError("colls-run: WorkerGroup.start() called outside its 'with' block")
+        fork = forking.use_fork(self.config)
+        if fork:
+            forking.prepare_launcher(self.config)
+        try:
+            for local_rank in range(self.config.nproc_per_node):
+                self.workers.append(self._start_one(local_rank, self._error_dir, fork))
+        finally:
+            if self.config.tag_output:  # also for the workers started before one failed to
+                for worker in self.workers:
+                    self._tag(worker)
+
+    def _start_one(self, local_rank: int, error_dir: str, fork: bool) -> Worker:
+        """Fork or exec the worker with ``local_rank``; raise WorkerStartError if it cannot be."""
+        rank = self.config.global_rank(local_rank)
+        error_file = os.path.join(error_dir, f"error-rank{rank}.json")
+        env = worker_env(self.config, local_rank, error_file)
         command = build_command(self.config)
-        pipe = subprocess.PIPE if self.config.tag_output else None
-        for local_rank in range(self.config.nproc_per_node):
-            rank = self.config.global_rank(local_rank)
-            error_file = os.path.join(self._error_dir, f"error-rank{rank}.json")
-            env = worker_env(self.config, local_rank, error_file)
-            try:
-                popen = subprocess.Popen(
+        try:
+            if fork:
+                process: WorkerProcess = forking.fork_worker(
+                    worker_argv(self.config), env, self.config.tag_output, command
+                )
+            else:
+                pipe = subprocess.PIPE if self.config.tag_output else None
+                process = subprocess.Popen(
                     command, env=env, stdout=pipe, stderr=pipe, start_new_session=True
                 )
-            except OSError as exc:
-                raise WorkerStartError(local_rank, command, exc) from exc
-            self.workers.append(Worker(local_rank, rank, error_file, popen))
-            if self.config.tag_output:
-                self._tag(popen, rank)
+        except OSError as exc:
+            raise WorkerStartError(local_rank, command, exc) from exc
+        return Worker(local_rank, rank, error_file, process)
 
-    def _tag(self, popen: subprocess.Popen[bytes], rank: int) -> None:
-        prefix = f"[rank {rank}]: ".encode()
-        if popen.stdout is None or popen.stderr is None:
+    def _tag(self, worker: Worker) -> None:
+        prefix = f"[rank {worker.rank}]: ".encode()
+        stdout, stderr = worker.popen.stdout, worker.popen.stderr
+        if stdout is None or stderr is None:
             raise RuntimeError("colls-run: --tag-output needs the workers' output as pipes")
-        self._pumps.append(_LinePump(popen.stdout, _binary(sys.stdout), prefix, self._output_lock))
-        self._pumps.append(_LinePump(popen.stderr, _binary(sys.stderr), prefix, self._output_lock))
+        self._pumps.append(_LinePump(stdout, _binary(sys.stdout), prefix, self._output_lock))
+        self._pumps.append(_LinePump(stderr, _binary(sys.stderr), prefix, self._output_lock))
 
     def poll(self) -> list[Worker]:
         """Return the workers that exited since the last poll, recording their return codes."""

@@ -1,4 +1,8 @@
-"""colls-run end to end: real launcher and worker processes running small scripts from tmp_path."""
+"""colls-run end to end: real launcher and worker processes running small scripts from tmp_path.
+
+Every test that takes ``run_launcher`` (or ``start_method``) runs under both start methods, fork
+and exec (tests/launcher/conftest.py): forked workers must be indistinguishable from exec'd ones.
+"""
 
 from __future__ import annotations
 
@@ -8,56 +12,11 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-#: Guard against a hung launcher; far above what any test needs on a loaded 2-core machine.
-LAUNCH_TIMEOUT_S = 45.0
-
-
-def launcher_env(**extra: str) -> dict[str, str]:
-    """Return an environment where colls imports from this checkout and OMP_NUM_THREADS is unset."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-def write_script(tmp_path: Path) -> Callable[[str, str], Path]:
-    """Return a function writing dedented ``source`` to ``tmp_path/name`` and returning its path."""
-
-    def write(name: str, source: str) -> Path:
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(source))
-        return path
-
-    return write
-
-
-@pytest.fixture
-def run_launcher(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Return a function running ``python -m colls.run *args`` in tmp_path and capturing output."""
-
-    def run(*args: str, timeout: float = LAUNCH_TIMEOUT_S, **env: str):
-        return subprocess.run(
-            [sys.executable, "-m", "colls.run", *args],
-            cwd=tmp_path,
-            env=launcher_env(**env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    return run
-
+from launch_helpers import LAUNCH_TIMEOUT_S, launcher_command, launcher_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -197,6 +156,7 @@ def test_module_flag_runs_a_module_as_main(write_script, run_launcher, record_di
     for r in records.values():
         assert r["name"] == "__main__"
         assert r["argv"] == [str(tmp_path / "mypkg" / "train.py"), "--lr", "0.1"]
+        assert r["path0"] == str(tmp_path)  # the working directory, as python -m puts it
 
 
 def test_second_node_computes_global_ranks(write_script, run_launcher, record_dir):
@@ -230,8 +190,9 @@ def test_failing_rank_stops_the_others_and_is_reported(write_script, run_launche
     report = err[err.index("failed first"):]
     assert "ValueError: boom" in report  # the traceback from the error file
     assert 'in <module>\n    raise ValueError("boom")' in report
-    for rank in (0, 2, 3):
-        assert f"rank {rank} (local rank {rank}, pid {pids[rank]}): stopped by colls-run" in err
+    for rank in (0, 2, 3):  # SIGTERM's default action ended them (no launcher handler left)
+        assert (f"rank {rank} (local rank {rank}, pid {pids[rank]}): stopped by colls-run with "
+                "SIGTERM (killed by signal SIGTERM)") in err
     assert not [rank for rank, pid in pids.items() if pid_alive(pid)]
 
 
@@ -312,10 +273,10 @@ def test_missing_module_is_reported_like_python(run_launcher):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_to_launcher_is_forwarded(write_script, tmp_path, pid_dir, signum):
+def test_signal_to_launcher_is_forwarded(write_script, tmp_path, pid_dir, signum, start_method):
     script = write_script("sleep.py", FAIL_AFTER_ALL_STARTED)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "colls.run", "--nproc-per-node", "2", str(script)],
+        launcher_command(start_method, "--nproc-per-node", "2", str(script)),
         cwd=tmp_path, env=launcher_env(PID_DIR=str(pid_dir), FAIL_RANK="-1", FAIL_HOW="0"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -329,25 +290,55 @@ def test_signal_to_launcher_is_forwarded(write_script, tmp_path, pid_dir, signum
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum, err
-    assert f"colls-run: received {signal.Signals(signum).name}" in err
+    name = signal.Signals(signum).name
+    assert f"colls-run: received {name}" in err
     pids = read_pids(pid_dir)
     assert sorted(pids) == [0, 1]
+    for rank, pid in pids.items():  # the forwarded signal ended them, not the SIGKILL after it
+        assert (f"rank {rank} (local rank {rank}, pid {pid}): stopped by colls-run with {name} "
+                f"(killed by signal {name})") in err
     assert not [rank for rank, pid in pids.items() if pid_alive(pid)]
 
 
-def test_console_script_colls_run(write_script, tmp_path):
+def console_script() -> Path:
+    """Return the installed colls-run console script, or skip the test."""
     exe = Path(sys.executable).parent / "colls-run"
     if not exe.exists():
         exe = Path("/tmp/venv/bin/colls-run")
     if not exe.exists():
         pytest.skip("the colls-run console script is not installed (pip install -e . first)")
+    return exe
+
+
+def test_console_script_colls_run(write_script, tmp_path, start_method):
     script = write_script("hello.py", """
         import os, sys
-        sys.stdout.write("hi " + os.environ["WORLD_SIZE"] + "\\n")  # one write per line, as above
+        forked = "numpy" in sys.modules  # preloaded by colls-run before it forked
+        sys.stdout.write(f"hi {os.environ['WORLD_SIZE']} {forked}\\n")  # one write per line
     """)
     result = subprocess.run(
-        [str(exe), "--nproc-per-node", "2", str(script)], cwd=tmp_path, env=launcher_env(),
-        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+        [str(console_script()), "--start-method", start_method, "--nproc-per-node", "2",
+         str(script)],
+        cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["hi 2", "hi 2"]
+    assert result.stdout.splitlines() == [f"hi 2 {start_method == 'fork'}"] * 2
+
+
+def test_console_script_runs_a_module_from_the_working_directory(
+    write_script, tmp_path, record_dir, start_method
+):
+    # The console script's own sys.path[0] is its bin directory; a module worker must get the
+    # working directory there instead (forked workers inherit the launcher's sys.path).
+    write_script("mypkg/__init__.py", "")
+    write_script("mypkg/rec.py", RECORD)
+    result = subprocess.run(
+        [str(console_script()), "--start-method", start_method, "--nproc-per-node", "2", "-m",
+         "mypkg.rec"],
+        cwd=tmp_path, env=launcher_env(RECORD_DIR=str(record_dir)), capture_output=True,
+        text=True, timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    records = read_records(record_dir)
+    assert sorted(records) == [0, 1]
+    assert {r["path0"] for r in records.values()} == {str(tmp_path)}

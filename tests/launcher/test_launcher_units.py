@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
+from colls import env
 from colls.run import cli
-from colls.run.config import LaunchConfig, find_free_port
+from colls.run.config import START_METHODS, LaunchConfig, find_free_port
 from colls.run.failures import (
     ErrorRecord,
     WorkerOutcome,
@@ -21,7 +22,7 @@ from colls.run.failures import (
     read_error_file,
     write_error_file,
 )
-from colls.run.processes import WORKER_MODULE, build_command, worker_env
+from colls.run.processes import WORKER_MODULE, build_command, worker_argv, worker_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,8 +43,10 @@ def parse_error(capsys, *argv: str) -> str:
 # --- command line -------------------------------------------------------------------------------
 
 
-def test_defaults_pick_a_free_port_on_one_node(script):
+def test_defaults_pick_a_free_port_on_one_node(script, monkeypatch):
+    monkeypatch.delenv("COLLS_START_METHOD", raising=False)
     config = cli.parse_config([script])
+    assert config.start_method == "fork"
     assert (config.nproc_per_node, config.nnodes, config.node_rank) == (1, 1, 0)
     assert config.master_addr == "127.0.0.1"
     assert 1 <= config.master_port <= 65535
@@ -66,6 +69,30 @@ def test_torchrun_spellings(script):
     assert (config.nproc_per_node, config.nnodes, config.node_rank) == (3, 2, 1)
     assert (config.master_addr, config.master_port, config.tag_output) == ("10.0.0.1", 1234, True)
     assert config.world_size == 6 and config.global_rank(2) == 5
+
+
+def test_start_method_flag_then_environment_then_fork(script, monkeypatch, capsys):
+    monkeypatch.delenv("COLLS_START_METHOD", raising=False)
+    assert cli.parse_config(["--start-method", "exec", script]).start_method == "exec"
+    assert cli.parse_config(["--start_method=fork", script]).start_method == "fork"
+    monkeypatch.setenv("COLLS_START_METHOD", "EXEC")
+    assert cli.parse_config([script]).start_method == "exec"
+    assert cli.parse_config(["--start-method", "fork", script]).start_method == "fork"
+    monkeypatch.setenv("COLLS_START_METHOD", "spawn")
+    assert "environment variable COLLS_START_METHOD='spawn': expected fork or exec" in (
+        parse_error(capsys, script)
+    )
+    assert "argument --start-method/--start_method: invalid choice: 'spawn'" in parse_error(
+        capsys, "--start-method", "spawn", script
+    )
+
+
+def test_start_methods_of_config_and_environment_agree():
+    for method in START_METHODS:
+        assert env.SETTINGS["COLLS_START_METHOD"].parse(method) == method
+        assert LaunchConfig("a.py", start_method=method).start_method == method
+    with pytest.raises(ValueError, match="--start-method 'spawn' is invalid; expected one of"):
+        LaunchConfig("a.py", start_method="spawn")
 
 
 def test_module_and_no_python_skip_the_file_check():
@@ -139,6 +166,8 @@ def test_worker_command_wraps_python_scripts_and_modules(monkeypatch):
     assert build_command(LaunchConfig("prog", ("x",), no_python=True)) == ["prog", "x"]
     monkeypatch.setenv("PYTHON_EXEC", "/opt/python")
     assert build_command(LaunchConfig("a.py"))[0] == "/opt/python"
+    # What a forked worker passes to the wrapper's main(): the same arguments.
+    assert worker_argv(LaunchConfig("pkg.mod", ("x",), module=True)) == ["-m", "pkg.mod", "x"]
 
 
 def test_worker_env_sets_ranks_and_keeps_the_rest():
