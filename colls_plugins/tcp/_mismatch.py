@@ -37,7 +37,8 @@ _UINT64 = 1 << 64
 _ME = -1
 
 
-def _is_collective(tag: int) -> bool:
+def is_collective(tag: int) -> bool:
+    """Return True for the tags of collectives (negative, not a control frame)."""
     return PROBE_TAG < tag < 0
 
 
@@ -84,7 +85,7 @@ class Tracker:
 
     def on_post(self, src: int | None, tag: int, now: float) -> str | None:
         """Record a collective receive about to be posted; return why it can never match."""
-        if not _is_collective(tag):
+        if not is_collective(tag):
             return None
         if self._conflict is not None:
             return self._conflict
@@ -110,7 +111,7 @@ class Tracker:
         Returns:
             The receives removed from ``table`` (to fail) and the reason, or ``([], "")``.
         """
-        if not _is_collective(tag):
+        if not is_collective(tag):
             return [], ""
         problem = self._clash(tag, src)
         if problem is not None:
@@ -133,7 +134,7 @@ class Tracker:
             The receives to fail, the reason, and the tag to probe ``src`` back with (this
             rank's own tag for that collective) so that the prober learns it too.
         """
-        if not _is_collective(expected):
+        if not is_collective(expected):
             return [], "", None
         problem = self._clash(expected, src)
         if problem is None:

@@ -20,8 +20,9 @@ from colls_plugins.tcp.connections import Connection
 #: Buffers gathered into one ``sendmsg`` when flushing queued sends (far below IOV_MAX).
 MAX_IOV = 64
 
-#: Receive states of a connection: reading a header, a body into a buffer, a body to discard.
-RX_HEADER, RX_BODY, RX_DRAIN = 0, 1, 2
+#: Receive states of a connection: reading a header, a body into a buffer, a body to discard,
+#: and holding: a header was read whose body waits, unread, for its receive to be posted.
+RX_HEADER, RX_BODY, RX_DRAIN, RX_HELD = 0, 1, 2, 3
 
 
 class SendOp:
@@ -46,6 +47,7 @@ class Peer:
         self.send_lock = threading.Lock()
         self.send_queue: deque[SendOp] = deque()
         self.want_write = False
+        self.events = 0  # what the progress thread's selector watches (0: not registered)
         self.dead: NetworkError | None = None
         # receive state machine (progress thread only)
         self.rx_mode = RX_HEADER
@@ -55,6 +57,8 @@ class Peer:
         self.rx_left = 0
         self.rx_op: RecvOp | None = None
         self.rx_msg: Message | None = None
+        self.held_tag = 0  # RX_HELD: the header whose body waits
+        self.held_nbytes = 0
 
     def reset_rx(self) -> None:
         """Forget the message being read; expect a header next."""

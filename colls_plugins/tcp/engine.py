@@ -10,13 +10,20 @@ Threads and what they touch:
 * The progress thread blocks in ``selector.select()`` (no timeout, so no CPU while idle). For each
   readable peer it runs a small state machine: read the 16-byte header, find the receive that
   matches (src, tag) and ``recv_into`` the receive's own memory; with no receive posted it reads
-  into a new buffer queued as unexpected. For each writable peer it flushes the send queue with
-  gathered ``sendmsg`` calls. ``recv_into``/``sendmsg`` release the GIL, so a reduction running on
-  another thread overlaps with the transfer.
+  a small message into a new buffer queued as unexpected, but *holds* a large collective one
+  (:data:`HOLD_MIN_BYTES`): the connection is not read until a receive is posted, so the sender's
+  kernel buffer fills and its send waits. A rank running ahead of a slower one thus cannot make it
+  buffer whole messages (bounded memory) and the body lands straight in the receive buffer (no
+  extra copy). A receive for another tag from that rank, or from any rank, turns a held message
+  into an ordinary unexpected one, so no message can block the stream behind it. For each
+  writable peer it flushes the send queue with gathered ``sendmsg`` calls. ``recv_into`` and
+  ``sendmsg`` release the GIL, so a reduction running on another thread overlaps with the
+  transfer.
 
 Locks (never held while completing a Work, so completion callbacks may post more work):
-``_lock`` guards the match table and the closed state; each peer's ``send_lock`` guards its socket
-writes and send queue; ``_wake_lock`` guards the set of peers waiting for write interest.
+``_lock`` guards the match table, the held peers and the closed state; each peer's ``send_lock``
+guards its socket writes, send queue and selector registration; ``_wake_lock`` guards the set of
+peers waiting for write interest.
 
 Failure: any OSError or EOF on a connection marks that peer dead and fails, with a
 :class:`~colls.errors.NetworkError` naming the rank and address, every pending send to it, every
@@ -48,10 +55,11 @@ from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
     PROBE_TAG,
     Tracker,
+    is_collective,
     probe_field,
     probed_tag,
 )
-from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, Peer, SendOp, consume, gather
+from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, RX_HELD, Peer, SendOp, consume, gather
 from colls_plugins.tcp.connections import Connection
 
 logger = logging.getLogger("colls.tcp")
@@ -59,6 +67,11 @@ logger = logging.getLogger("colls.tcp")
 #: At most this many ``recv_into`` calls per readiness event, so one busy peer cannot starve
 #: the others (the selector is level-triggered and reports it again).
 READ_BUDGET = 64
+
+#: A collective message at least this large that arrives before its receive is posted is held
+#: unread (module docstring). Smaller ones are buffered: holding costs the sender a stall and
+#: both sides a wake-up, which only pays for itself on large messages.
+HOLD_MIN_BYTES = 1 << 16
 
 #: Size of the scratch buffer that discards the body of a message whose receive failed.
 DRAIN_CHUNK_BYTES = 1 << 20
@@ -111,6 +124,7 @@ class Engine:
         self._on_peer_lost: Callable[[int, BaseException], None] | None = None
         self._abrupt: NetworkError | None = None
         self._peers = {r: Peer(c) for r, c in connections.items()}
+        self._held: set[Peer] = set()  # peers in RX_HELD (guarded by _lock)
         self._scratch: memoryview | None = None
         self._thread: threading.Thread | None = None
         if not self._peers:
@@ -126,6 +140,7 @@ class Engine:
         for peer in self._peers.values():
             peer.sock.setblocking(False)
             self._selector.register(peer.sock, selectors.EVENT_READ, peer)
+            peer.events = selectors.EVENT_READ
         self._thread = threading.Thread(
             target=self._run, name=f"colls-tcp[{name}:{rank}]", daemon=True
         )
@@ -171,10 +186,15 @@ class Engine:
         origin = "any rank" if src is None else f"rank {src}"
         work = Work(description=f"tcp recv from {origin} tag {tag}", default_timeout=self._timeout)
         op = RecvOp(work, view, src, tag)
+        bound, released = False, []
         with self._lock:
             refusal = self._refusal()
             message = None if refusal else self._table.take_unexpected(src, tag)
-            if refusal is None and message is None:
+            if refusal is None and message is None and self._held:
+                bound, released = self._release_held(op)
+                if not bound:  # a held message turned unexpected may be the one
+                    message = self._table.take_unexpected(src, tag)
+            if refusal is None and message is None and not bound:
                 refusal = self._recv_refusal(src)
                 conflict = None if refusal else self._tracker.on_post(src, tag, time.monotonic())
                 if conflict is not None:
@@ -186,12 +206,14 @@ class Engine:
                     # never sleeps longer than PROBE_AFTER_S (_probe_timeout), so a due probe
                     # goes out at most that late.
                     self._tracker.wake_needed = False
-                    return work
             if message is not None and not message.done:
                 if len(message.buffer) == view.nbytes:
                     message.waiter = op  # completes when the rest of the body is in
-                    return work
-                refusal = self._size_error(op, message.src, len(message.buffer))
+                    message = None
+                else:
+                    refusal = self._size_error(op, message.src, len(message.buffer))
+        for peer in released:
+            self._sync_read_interest(peer)
         if refusal is not None:
             work.set_exception(refusal)
         elif message is not None:
@@ -388,6 +410,8 @@ class Engine:
                     if mask & selectors.EVENT_READ and peer.dead is None:
                         with self._rx_lock:
                             self._on_readable(peer)
+                        if peer.rx_mode == RX_HELD:
+                            self._sync_read_interest(peer)
         except BaseException as exc:  # never die silently: fail everything pending
             self._crash(exc)
 
@@ -401,10 +425,70 @@ class Engine:
             op.work.set_exception(error)
 
     def _set_write_interest(self, peer: Peer, on: bool) -> None:
-        if peer.want_write != on:
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
+        """Watch ``peer`` for writability or stop (``send_lock`` held)."""
+        peer.want_write = on
+        self._watch(peer)
+
+    def _watch(self, peer: Peer) -> None:
+        """Make the selector watch what ``peer`` needs now (``send_lock`` held).
+
+        Reading stops while a message is held, writing is watched while sends are queued. Any
+        thread may call this: the selector tolerates changes while another thread selects.
+        """
+        events = (0 if peer.rx_mode == RX_HELD else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if peer.want_write else 0
+        )
+        if events == peer.events or peer.dead is not None:
+            return
+        if not events:
+            self._selector.unregister(peer.sock)
+        elif not peer.events:
+            self._selector.register(peer.sock, events, peer)
+        else:
             self._selector.modify(peer.sock, events, peer)
-            peer.want_write = on
+        peer.events = events
+
+    def _sync_read_interest(self, peer: Peer) -> None:
+        """Stop or resume reading ``peer`` after its message was held or released.
+
+        The state is read under ``send_lock`` by whichever thread changed it last, so a pause
+        racing a release always ends with the release's choice.
+        """
+        with peer.send_lock:
+            self._watch(peer)
+
+    def _hold(self, peer: Peer, tag: int, nbytes: int) -> None:
+        """Leave the body of ``peer``'s message unread until its receive is posted (lock held)."""
+        peer.held_tag, peer.held_nbytes = tag, nbytes
+        peer.rx_mode = RX_HELD
+        self._held.add(peer)
+
+    def _release_held(self, op: RecvOp) -> tuple[bool, list[Peer]]:
+        """Let receive ``op`` take a held message, or release those that could block it.
+
+        A held message from ``op``'s source with ``op``'s tag and size is bound to ``op``: its
+        body is read straight into ``op.view``. Any other held message that ``op`` might be
+        waiting behind (same source, or any source for an any-source receive) becomes an
+        ordinary unexpected message, read into a buffer of its own. Called with the lock held;
+        returns whether ``op`` was bound and the peers to read again.
+        """
+        if op.src is None:
+            peers = list(self._held)
+        else:
+            peers = [p for p in self._held if p.rank == op.src]
+        bound = False
+        for peer in peers:
+            self._held.discard(peer)
+            tag, nbytes = peer.held_tag, peer.held_nbytes
+            if not bound and tag == op.tag and nbytes == op.view.nbytes:
+                bound = True
+                peer.rx_op, target = op, op.view
+            else:
+                peer.rx_msg = self._table.add_unexpected(peer.rank, tag, nbytes)
+                target = memoryview(peer.rx_msg.buffer)
+            peer.rx_view, peer.rx_pos = target, 0
+            peer.rx_mode = RX_BODY  # last: a reader checks the mode without the lock
+        return bound, peers
 
     def _flush(self, peer: Peer) -> None:
         """Write as much of ``peer``'s send queue as the kernel takes (progress thread)."""
@@ -475,6 +559,8 @@ class Engine:
         """
         total = 0
         for _ in range(READ_BUDGET):
+            if peer.rx_mode == RX_HELD:
+                return total
             try:
                 if peer.rx_mode == RX_DRAIN:
                     scratch = self._scratch_view()
@@ -529,6 +615,9 @@ class Engine:
         with self._lock:
             op = self._table.match_arrival(peer.rank, tag)
             stale, conflict = self._tracker.on_arrival(peer.rank, tag, op is not None, self._table)
+            if op is None and nbytes >= HOLD_MIN_BYTES and is_collective(tag) and not stale:
+                self._hold(peer, tag, nbytes)
+                return
             if op is None:
                 peer.rx_msg = self._table.add_unexpected(peer.rank, tag, nbytes)
                 target = memoryview(peer.rx_msg.buffer)
@@ -577,9 +666,12 @@ class Engine:
         with peer.send_lock:
             sends = list(peer.send_queue)
             peer.send_queue.clear()
-            self._selector.unregister(peer.sock)
+            if peer.events:
+                self._selector.unregister(peer.sock)
+                peer.events = 0
             peer.sock.close()
         with self._lock:
+            self._held.discard(peer)
             if not orderly and self._abrupt is None:
                 self._abrupt = error
             recvs = self._table.remove_from(peer.rank) + self._rx_pending(peer)
