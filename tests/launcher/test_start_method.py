@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -286,22 +287,35 @@ def test_uncaught_keyboard_interrupt_kills_the_worker_with_sigint(write_script, 
 
 
 # --- the fork machinery --------------------------------------------------------------------------
+# Tests that fork run in a fresh interpreter: pytest's own process has JAX's and torch's thread
+# pools by now, and a child forked from it can deadlock on a lock one of those threads held.
 
 
-def fork_child(body) -> int:
-    """Fork a child of this test process that runs ``body()`` and exits with os._exit(0)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            body()
-        finally:
-            os._exit(0)
-    return pid
+def run_clean(source: str) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` (its asserts are the test) in a fresh interpreter; fail if it fails."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source)], env=launcher_env(),
+        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 def test_forked_process_reports_status_and_signal_like_popen():
-    read_end, write_end = os.pipe()
-    try:
+    run_clean("""
+        import os, signal, subprocess
+        from colls.run import forking
+
+        def fork_child(body):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    body()
+                finally:
+                    os._exit(0)
+            return pid
+
+        read_end, write_end = os.pipe()
         waiting = forking.ForkedProcess(fork_child(lambda: os._exit(len(os.read(read_end, 8)))),
                                         ["waiting"], None, None)
         killed = forking.ForkedProcess(
@@ -309,27 +323,34 @@ def test_forked_process_reports_status_and_signal_like_popen():
         )
         assert killed.wait() == -signal.SIGKILL
         assert waiting.poll() is None
-        with pytest.raises(subprocess.TimeoutExpired):
+        try:
             waiting.wait(0.05)
+        except subprocess.TimeoutExpired:
+            pass
+        else:
+            raise AssertionError("wait(0.05) returned although the child runs")
         os.write(write_end, b"abc")
-        assert waiting.wait(LAUNCH_TIMEOUT_S) == 3
+        assert waiting.wait(30) == 3
         assert (waiting.poll(), killed.poll()) == (3, -signal.SIGKILL)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
+    """)
 
 
 def test_child_whose_own_setup_fails_exits_1_with_the_reason():
     # An environment name with "=" cannot be set: the child fails before the program runs, and
-    # must end there (os._exit), never unwinding into this process's (the launcher's) frames.
-    process = forking.fork_worker(["never_run.py"], {"BAD=NAME": "x"}, True, ["never_run.py"])
-    assert process.stdout is not None and process.stderr is not None
-    with process.stdout, process.stderr:
-        err = process.stderr.read().decode()
-        assert process.stdout.read() == b""
-    assert process.wait(LAUNCH_TIMEOUT_S) == forking.EXIT_SETUP_FAILED
-    assert err.startswith("colls-run: forked worker setup failed:\n")
-    assert "ValueError: illegal environment variable name" in err
+    # must end there (os._exit), never unwinding into the parent's (the launcher's) frames.
+    result = run_clean("""
+        import sys
+        from colls.run import forking
+
+        process = forking.fork_worker(["never_run.py"], {"BAD=NAME": "x"}, True, ["never_run.py"])
+        with process.stdout, process.stderr:
+            err = process.stderr.read().decode()
+            assert process.stdout.read() == b""
+        assert process.wait(30) == forking.EXIT_SETUP_FAILED
+        sys.stdout.write(err)
+    """)
+    assert result.stdout.startswith("colls-run: forked worker setup failed:\n")
+    assert "ValueError: illegal environment variable name" in result.stdout
 
 
 def test_fork_applies_only_where_it_is_safe(monkeypatch):
