@@ -225,7 +225,8 @@ def row_splits(
             raise ValueError(f"{where}: {arg}_split_sizes[{i}]={rows_i} is negative")
     if sum(splits) != rows:
         raise ValueError(
-            f"{where}: {arg}_split_sizes sum to {sum(splits)} rows but {arg} has {rows} rows in dim 0"
+            f"{where}: {arg}_split_sizes sum to {sum(splits)} rows but {arg} has {rows} rows "
+            "in dim 0"
         )
     return [rows_i * row_numel for rows_i in splits]
 

@@ -89,7 +89,7 @@ class Backend(ABC):
         ``array.nbytes`` fails the Work with a BackendError naming both sizes.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: a backend without resources has none
         """Release connections and threads. Idempotent."""
 
     # -- collectives: default algorithms over point-to-point -----------------------------------
@@ -130,7 +130,7 @@ class Backend(ABC):
         input_splits: Sequence[int],
         tag: int,
     ) -> None:
-        """Send ``input`` chunk j (``input_splits[j]`` elements) to rank j; receive into ``output``."""
+        """Send ``input`` chunk j (``input_splits[j]`` elements) to rank j; receive ``output``."""
         algorithms.all_to_all(self, output, input, output_splits, input_splits, tag)
 
     def barrier(self, tag: int) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime
 import os
-from types import MappingProxyType
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 from colls import _dispatch as d
-from colls import env, plugin_manager
+from colls import env, exit_hooks, plugin_manager
 from colls.options import BackendOptions
 from colls.process_group import ProcessGroup
 from colls.registry import NON_GROUP_MEMBER, REGISTRY
@@ -34,7 +34,9 @@ def _backend_name(backend: Any) -> str:
     if backend is None or backend == "":
         return env.get("COLLS_BACKEND") or DEFAULT_BACKEND
     if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str such as 'tcp' or 'mpi', got {type(backend).__name__}")
+        raise TypeError(
+            f"backend must be a str such as 'tcp' or 'mpi', got {type(backend).__name__}"
+        )
     return backend
 
 
@@ -113,6 +115,7 @@ def init_process_group(
         REGISTRY.world_store = store
         REGISTRY.default = pg
         REGISTRY.groups[pg.name] = pg
+    exit_hooks.install()  # a program that ends without destroy_process_group still says goodbye
 
 
 def new_group(

@@ -36,7 +36,7 @@ def _finish(group: Any, work: Work | None, after: Any, async_op: bool) -> Work |
 
 
 def _plain_spec(op: Any, buf: Buffer, name: str) -> Any:
-    """Check ``op``; AVG and PREMUL_SUM are refused (their scaling would count processes, not arrays)."""
+    """Check ``op``; AVG and PREMUL_SUM are refused (their scaling counts processes, not arrays)."""
     spec = d.reduce_spec(op, buf, op_name=name)
     if spec.kind.name in ("AVG", "PREMUL_SUM"):
         raise ValueError(

@@ -147,7 +147,7 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
 
 def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                      device: Any = None, group_src: int | None = None) -> int:
-    """Receive objects into ``object_list`` (its length must match the sender's); return the sender."""
+    """Receive objects into ``object_list`` (length as the sender's); return the sender."""
     if not isinstance(object_list, list):
         raise TypeError("recv_object_list: object_list must be a list")
     sizes = np.zeros(len(object_list), dtype=np.int64)

@@ -85,7 +85,10 @@ class P2POp:
         self.group_peer = group_peer
 
     def __repr__(self) -> str:
-        return f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, tag={self.tag})"
+        return (
+            f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, "
+            f"tag={self.tag})"
+        )
 
 
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:

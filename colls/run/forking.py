@@ -30,8 +30,6 @@ A forked child is not a fresh interpreter. The differences that matter are handl
    threads joined, atexit handlers run, stdout and stderr then every open buffered file flushed
    (the interpreter's teardown flushes the files it destroys: a module-level log file never
    closed keeps its last lines), then ``os._exit``. Other finalizers (``__del__``) do not run.
-   After the atexit handlers the child keeps the GIL (the interpreter stops daemon threads at
-   that point), so that colls' own threads do not report peers that exited meanwhile as failed.
    Exit handlers that the preloaded modules register at import (colls.health's report flush,
    logging's shutdown) are the worker's own and stay; the launcher itself registers none, and
    fork is not used when the process already had handlers before preloading (colls-run run
@@ -87,12 +85,6 @@ EXIT_FLUSH_FAILED = 120
 
 #: Exit status of a process killed by SIGINT, used if the signal somehow does not end the child.
 EXIT_SIGINT = 128 + signal.SIGINT
-
-#: GIL switch interval once the exit handlers ran. From that point the interpreter would stop
-#: daemon threads; keeping the GIL through the last ~10 ms of work keeps them (colls' own, say) from
-#: reporting peers that exited meanwhile as failed. Short enough that a daemon thread which gets
-#: the GIL while a flush writes cannot hold up the exit for long.
-FINAL_SWITCH_INTERVAL_S = 0.25
 
 #: Longest sleep between polls in ForkedProcess.wait(timeout), as in subprocess.Popen.wait.
 WAIT_DELAY_MAX_S = 0.05
@@ -369,7 +361,6 @@ def _finish(status: int | None) -> NoReturn:
     """
     _join_threads()
     atexit._run_exitfuncs()  # prints and skips a failing handler, as at interpreter exit
-    sys.setswitchinterval(FINAL_SWITCH_INTERVAL_S)
     flushed = _flush_std_streams()
     _flush_open_files()
     if status is None:

@@ -237,7 +237,7 @@ class _Setup:
         while True:
             try:
                 sock = socket.create_connection((host, port), timeout=max(self.remaining(), 0.001))
-            except (ConnectionRefusedError, socket.timeout) as exc:
+            except (TimeoutError, ConnectionRefusedError) as exc:
                 if self.remaining() <= CONNECT_RETRY_SECONDS:
                     raise self.timeout_error(f"connection refused ({exc}) by", [peer]) from None
                 time.sleep(CONNECT_RETRY_SECONDS)
@@ -434,7 +434,7 @@ class _Setup:
                     buffer += chunk
                     hello, _ = decode_hello(buffer)
                 check_hello(hello, group=self.group, world_size=self.world_size, ranks={peer})
-            except socket.timeout:
+            except TimeoutError:
                 raise self.timeout_error("no answer from", list(range(peer, self.rank))) from None
             except (HelloError, OSError) as exc:
                 raise BackendError(
