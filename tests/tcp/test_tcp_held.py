@@ -28,11 +28,20 @@ def settle() -> None:
     time.sleep(0.3)
 
 
+def wait_until(condition, timeout: float = WAIT) -> bool:
+    """Poll ``condition()`` until it holds or ``timeout`` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
 def unexpected_bytes(backend) -> int:
     """Bytes the receiver has buffered for messages nobody asked for yet."""
-    table = backend._engine._table
-    return sum(len(m.buffer) for by_src in table._unexpected.values()
-               for queue in by_src.values() for m in queue)
+    engine = backend._engine
+    with engine._lock:  # the progress thread changes the table under this lock
+        return sum(len(m.buffer) for by_src in engine._table._unexpected.values()
+                   for queue in by_src.values() for m in queue)
 
 
 @pytest.mark.timeout(60)
@@ -56,8 +65,7 @@ def test_user_tags_and_small_collective_messages_are_still_buffered(group):
     small = np.full(HOLD_MIN_BYTES - 1, 7, np.uint8)
     assert a.isend(user, 1, 5).wait(WAIT)  # completes although no receive is posted
     assert a.isend(small, 1, COLLECTIVE).wait(WAIT)
-    settle()
-    assert unexpected_bytes(b) == user.nbytes + small.nbytes
+    assert wait_until(lambda: unexpected_bytes(b) == user.nbytes + small.nbytes)
     got_small, got_user = np.zeros_like(small), np.zeros_like(user)
     assert b.irecv(got_small, 0, COLLECTIVE).wait(WAIT) and b.irecv(got_user, 0, 5).wait(WAIT)
     assert (got_small == 7).all() and got_user.all()
