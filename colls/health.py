@@ -58,8 +58,12 @@ POLL_INTERVAL_S = 0.5
 MAX_REASON_CHARS = 4000
 #: Seconds closing a group (or exiting) waits for its failure records to reach the store.
 REPORT_FLUSH_S = 5.0
-#: Seconds a collective that lost a connection waits for the peer's record of why it left.
-CATCH_UP_GRACE_S = 0.5
+#: Seconds a collective that lost a connection waits for the peer's record of why it left. The
+#: record is in the store before the peer's goodbye, but reading it shares the store connection
+#: with the watcher's parked get; on a crowded host (4 ranks and other load on 2 cores) 0.5 s
+#: was sometimes too short and the cause was lost. Only an orderly leave without a record (a
+#: program that ended mid-collective) waits this long; a crash breaks the group at once.
+CATCH_UP_GRACE_S = 2.0
 #: Slots a reporter tries before giving up (each failed try means another rank reported).
 MAX_REPORT_SLOTS = 10_000
 
