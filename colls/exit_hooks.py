@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 from types import TracebackType
@@ -26,12 +27,14 @@ logger = logging.getLogger("colls")
 _lock = threading.Lock()
 _installed = False
 _died = False  # an uncaught exception reached sys.excepthook
+_owner_pid = -1  # the process whose groups these are (a forked child shares their sockets)
 
 
 def install() -> None:
     """Register the exit handler and chain sys.excepthook, once per process."""
-    global _installed
+    global _installed, _owner_pid
     with _lock:
+        _owner_pid = os.getpid()
         if _installed:
             return
         _installed = True
@@ -52,8 +55,8 @@ def _leave() -> None:
     """At exit: destroy the groups still alive, unless the program died of an exception."""
     from colls import lifecycle  # imported here: lifecycle imports this module
 
-    if _died or not lifecycle.is_initialized():
-        return
+    if _died or os.getpid() != _owner_pid or not lifecycle.is_initialized():
+        return  # died, or a forked child: a goodbye on the parent's sockets would end its groups
     try:
         lifecycle.destroy_process_group()
     except Exception:  # the process is ending; a failing goodbye must not mask its exit status
