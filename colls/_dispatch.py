@@ -258,11 +258,8 @@ def submit(
     health = pg.health
     if health.error is not None:
         health.check(op)
-    record = getattr(_call, "record", None)
-    if record is None or record.op != op:
-        record = fingerprint.CallRecord(op)
-    else:
-        _call.record = None
+    record = _record(op)
+    _call.record = None  # used: the next call starts a record of its own
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
     tag = fingerprint.collective_tag(seq, record.signature())

@@ -56,6 +56,14 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def every_rank_has_a_core(ranks_on_host: int) -> bool:
+    """Return True when ``ranks_on_host`` ranks sharing this host each get a core.
+
+    The one rule for busy-waiting: spin then, yield the CPU otherwise.
+    """
+    return ranks_on_host <= available_cores()
+
+
 class Backend(ABC):
     """A transport serving one process group (see the module docstring for the contract)."""
 

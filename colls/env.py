@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from colls.run.config import START_METHODS
+
 
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
@@ -45,8 +47,8 @@ def _parse_debug(text: str) -> str:
 
 def _parse_start_method(text: str) -> str:
     lowered = text.strip().lower()
-    if lowered not in ("fork", "exec"):  # colls.run.config.START_METHODS
-        raise ValueError(f"expected fork or exec, got {text!r}")
+    if lowered not in START_METHODS:
+        raise ValueError(f"expected {' or '.join(START_METHODS)}, got {text!r}")
     return lowered
 
 

@@ -114,14 +114,9 @@ class CallRecord:
         if arg == AGREED_ARG.get(self.op):
             self.shape = shape
 
-    def agreed_shape(self) -> tuple[int, ...] | None:
-        """Return the shape every rank must pass for this op, or None if there is none."""
-        return self.shape
-
     def agreed_numel(self) -> int | None:
         """Return the element count every rank must pass, or None."""
-        shape = self.agreed_shape()
-        return None if shape is None else math.prod(shape)
+        return None if self.shape is None else math.prod(self.shape)
 
     def signature(self) -> int:
         """Return the 24-bit signature carried by this call's tag (memoised: read per call)."""
@@ -137,7 +132,7 @@ class CallRecord:
 
     def describe(self, seq: int, group: str) -> str:
         """Return the text fingerprint exchanged under COLLS_DEBUG=detail."""
-        shape = self.agreed_shape()
+        shape = self.shape
         fields = {
             "op": self.op,
             "seq": str(seq),

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from colls.backend import Backend, available_cores
+from colls.backend import Backend, every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
 from colls.work import Work
 from colls_plugins.mpi import runtime
@@ -401,7 +401,7 @@ def _oversubscribed(MPI: Any, comm: Any) -> bool:
         ranks_here = local.Get_size()
     finally:
         local.Free()
-    return ranks_here > available_cores()
+    return not every_rank_has_a_core(ranks_here)
 
 
 def _counts_and_displacements(splits: Sequence[int], itemsize: int) -> tuple[list[int], list[int]]:

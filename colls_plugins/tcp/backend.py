@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from colls.algorithms import select
-from colls.backend import Backend, available_cores
+from colls.backend import Backend, every_rank_has_a_core
 from colls_plugins.tcp import shm_collectives
 from colls_plugins.tcp._frames import MAX_TAG
 from colls_plugins.tcp._mismatch import PROBE_TAG
@@ -64,7 +64,7 @@ class TcpBackend(Backend):
         rank = _check_count("rank", rank, 0, world_size, "backend")
         super().__init__(store, rank, world_size, options)
         self._arena = ScratchArena()
-        self._poll = world_size <= available_cores()
+        self._poll = every_rank_has_a_core(world_size)
         connections = connect_mesh(store, rank, world_size, options)
         self._engine = Engine(rank, connections, options.timeout, options.group_name)
         try:

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -186,7 +186,8 @@ class Engine:
         origin = "any rank" if src is None else f"rank {src}"
         work = Work(description=f"tcp recv from {origin} tag {tag}", default_timeout=self._timeout)
         op = RecvOp(work, view, src, tag)
-        bound, released = False, []
+        bound = False
+        released: Sequence[Peer] = ()
         with self._lock:
             refusal = self._refusal()
             message = None if refusal else self._table.take_unexpected(src, tag)

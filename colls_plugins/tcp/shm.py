@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from colls.backend import available_cores
+from colls.backend import every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
 
 logger = logging.getLogger("colls.tcp")
@@ -230,7 +230,7 @@ class ShmGroup:
         self._wake_addrs = wake_addrs
         self._spin = not same_process
         # With more ranks than cores, a pure spin only burns the time slice a peer needs.
-        self._spin_iterations = SPIN_ITERATIONS if self.size <= available_cores() else 0
+        self._spin_iterations = SPIN_ITERATIONS if every_rank_has_a_core(self.size) else 0
         self._peer_error = peer_error
         self._fence_lock = threading.Lock()
         self._yield_budget = YIELD_SECONDS_MAX
