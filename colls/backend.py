@@ -19,7 +19,9 @@ Threading contract:
       rank: on the caller's thread for a synchronous call with nothing queued, otherwise on the
       group's executor thread. They receive C-contiguous 1-D arrays (NumPy for CPU,
       CuPy for CUDA) whose dtype and sizes the core has already checked, and a ``tag`` unique to
-      this collective call (negative; user point-to-point tags are non-negative).
+      this collective call (negative; user point-to-point tags are non-negative). An input and
+      an output never share memory: where the caller's do (an in-place
+      ``all_gather_into_tensor``), the core passes a copy of the input.
     * Every blocking step honours ``self.timeout`` and raises
       :class:`~colls.errors.CollsTimeoutError` / :class:`~colls.errors.BackendError` instead of
       hanging; a dead peer is reported as :class:`~colls.errors.NetworkError` naming its rank.

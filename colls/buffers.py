@@ -313,6 +313,19 @@ def as_buffers(
     ]
 
 
+def apart_from(array: Any, other: Any) -> Any:
+    """Return ``array``, or a copy of it when its memory overlaps ``other``'s.
+
+    torch lets an input alias an output: an in-place ``all_gather_into_tensor`` passes the rank's
+    own slot of the output as the input, and nothing stops ``all_to_all_single(x, x)``. The core
+    hands backends an input and an output that never overlap: MPI refuses aliased buffers, and
+    an algorithm may overwrite output it has not yet read as input. The check is on address
+    ranges (``may_share_memory``), so it costs no pass over the data.
+    """
+    xp = _module_of(array)
+    return array.copy() if xp.may_share_memory(array, other) else array
+
+
 def empty_array(shape: tuple[int, ...] | int, dtype: DType, device: str = "cpu") -> Any:
     """Return an uninitialised C-contiguous array of ``dtype``'s holding type on ``device``."""
     if device == "cpu":

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from colls import _dispatch as d
+from colls import buffers
 from colls.buffers import Buffer
 from colls.reduce_ops import ReduceOp
 from colls.work import Work
@@ -129,7 +130,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                   why=f"input_tensor's {src.numel} elements times the group size {pg.size}")
 
     def job(tag: int) -> None:
-        pg.backend.all_gather(out.array, src.array, tag)
+        pg.backend.all_gather(out.array, buffers.apart_from(src.array, out.array), tag)
         out.write_back()
 
     return d.submit(pg, op, job, async_op=async_op)
@@ -243,7 +244,8 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
     spec = d.reduce_spec(op, out, op_name=name)
 
     def job(tag: int) -> None:
-        data = src.array.copy() if spec.modifies_input else src.array
+        data = src.array.copy() if spec.modifies_input else buffers.apart_from(src.array,
+                                                                               out.array)
         spec.prepare(data)
         pg.backend.reduce_scatter(out.array, data, spec, tag)
         spec.finish(out.array, pg.size)
@@ -291,7 +293,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     out_splits = d.row_splits(out, output_split_sizes, size=pg.size, arg="output", op=name)
 
     def job(tag: int) -> None:
-        pg.backend.all_to_all(out.array, src.array, out_splits, in_splits, tag)
+        pg.backend.all_to_all(out.array, buffers.apart_from(src.array, out.array), out_splits,
+                              in_splits, tag)
         out.write_back()
 
     return d.submit(pg, name, job, async_op=async_op)

@@ -157,6 +157,36 @@ def check_layouts(s: Suite) -> None:
         expect_equal(s.lib.to_numpy(alias), expected, "a view taken before the call")
 
 
+#: Elements per rank (per block) in the aliasing checks.
+ALIASED_COUNT: Final = 6
+
+
+def check_aliasing(s: Suite) -> None:
+    """An input that overlaps the output is read as it was before the call (torch allows it)."""
+    dtype, k, n, me = dtypes.FLOAT32, ALIASED_COUNT, s.world_size, s.rank
+    inputs = s.inputs(dtype, k * n, "aliased")
+    with s.case("all_gather_into_tensor in place (input is this rank's slot of output)",
+                dtype=dtype):
+        words = np.zeros(k * n, dtype.numpy)
+        words[me * k:(me + 1) * k] = inputs[me][:k]
+        output = s.lib.make(words, dtype)
+        colls.all_gather_into_tensor(output, output[me * k:(me + 1) * k])
+        expect_equal(s.lib.to_numpy(output), np.concatenate([x[:k] for x in inputs]), "output")
+    total = reference(ReduceOp.SUM, dtype, inputs)
+    for where, block in (("this rank's block", me), ("the first block", 0)):
+        with s.case(f"reduce_scatter_tensor into {where} of its input", dtype=dtype,
+                    op=ReduceOp.SUM):
+            data = s.lib.make(inputs[me], dtype)
+            output = data[block * k:(block + 1) * k]
+            colls.reduce_scatter_tensor(output, data)
+            expect_equal(s.lib.to_numpy(output), total[me * k:(me + 1) * k], "output")
+    with s.case("all_to_all_single(x, x)", dtype=dtype):
+        x = s.lib.make(inputs[me], dtype)
+        colls.all_to_all_single(x, x)
+        expected = np.concatenate([inputs[j][me * k:(me + 1) * k] for j in range(n)])
+        expect_equal(s.lib.to_numpy(x), expected, "x")
+
+
 def check_multigpu(s: Suite) -> None:
     """The *_multigpu list forms with two arrays per process."""
     k, ws, count, dtype = 2, s.world_size, 3, dtypes.FLOAT64

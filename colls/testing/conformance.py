@@ -45,6 +45,7 @@ CHECKS: Final[dict[str, Callable[[Suite], None]]] = {
     "rooted": movement.check_rooted,
     "all_to_all_uneven": movement.check_all_to_all_uneven,
     "layouts": movement.check_layouts,
+    "aliasing": movement.check_aliasing,
     "multigpu": movement.check_multigpu,
     "algorithms": movement.check_each_algorithm,
     "p2p": p2p.check_p2p,
