@@ -265,9 +265,12 @@ def as_buffer(obj: Any, *, writable: bool, arg: str, op: str, rank: int | None =
     """
     if type(obj) is np.ndarray:  # the hot path
         dtype = dtypes.known_numpy(obj.dtype)
-        if dtype is not None:
-            return _wrap(obj, obj, dtype, "cpu", writable, arg, op, rank)
-        return _from_ndarray(obj, obj, writable, arg, op, rank)
+        if dtype is None:
+            return _from_ndarray(obj, obj, writable, arg, op, rank)
+        flags = obj.flags
+        if flags.c_contiguous and (flags.writeable or not writable):  # _wrap's common case
+            return Buffer(obj, obj if obj.ndim == 1 else obj.reshape(-1), dtype, obj.shape, "cpu")
+        return _wrap(obj, obj, dtype, "cpu", writable, arg, op, rank)
     if isinstance(obj, np.ndarray):  # subclasses (memmap, ...)
         return _from_ndarray(obj, obj.view(np.ndarray), writable, arg, op, rank)
     if hasattr(obj, "__dlpack__"):

@@ -306,7 +306,9 @@ class GroupHealth:
         #: COLLS_DEBUG=detail, read once when the group is created (the same on every rank).
         self.detail = env.get("COLLS_DEBUG") == "detail"
         self._lock = threading.Lock()
-        self._error: BackendError | None = None
+        #: Why the group is broken, or None while it is usable. Read on every call (a plain
+        #: attribute, not a property); written once, under ``_lock``, by :meth:`_break`.
+        self.error: BackendError | None = None
         self._broken_event = threading.Event()
         self._current: tuple[str, int] | None = None
         self._last: tuple[str, int] | None = None
@@ -317,18 +319,13 @@ class GroupHealth:
             listen(self._peer_lost)
         self._watcher = _attach(self, pg.store)
 
-    @property
-    def error(self) -> BackendError | None:
-        """Why the group is broken, or None while it is usable."""
-        return self._error
-
     def check(self, op: str) -> None:
         """Raise at once if the group is broken.
 
         Raises:
             BackendError: the group is broken (names the failed rank and operation).
         """
-        error = self._error
+        error = self.error
         if error is not None:
             fresh = BackendError(f"{op}: {error}")
             fresh.__cause__ = error.__cause__
@@ -349,11 +346,11 @@ class GroupHealth:
     def track(self, work: Work) -> None:
         """Fail ``work`` too if the group breaks before it completes."""
         with self._lock:
-            if self._error is None:
+            if self.error is None:
                 self._works.add(work)
                 work.add_done_callback(self._untrack)
                 return
-            error = self._error
+            error = self.error
         work.set_exception(error)
 
     def _untrack(self, work: Work) -> None:
@@ -382,12 +379,12 @@ class GroupHealth:
         """
         if isinstance(exc, CollectiveMismatchError):
             return exc
-        if isinstance(exc, NetworkError) and self._error is None and self._watcher is not None:
+        if isinstance(exc, NetworkError) and self.error is None and self._watcher is not None:
             self._watcher.catch_up()  # a peer that left may have recorded why
-            if self._error is None:  # or its record is in the watcher's hands right now
+            if self.error is None:  # or its record is in the watcher's hands right now
                 self._broken_event.wait(CATCH_UP_GRACE_S)
         with self._lock:
-            earlier = self._error
+            earlier = self.error
         if earlier is not None:
             if isinstance(exc, NetworkError):
                 return BackendError(f"{label}: {earlier}")
@@ -438,11 +435,11 @@ class GroupHealth:
     def _break(self, message: str, *, cause: BaseException | None,
                record: FailureRecord | None) -> None:
         with self._lock:
-            if self._error is not None or self._closed:
+            if self.error is not None or self._closed:
                 return
             error = BackendError(f"colls: group {self._pg.name!r} is broken: {message}")
             error.__cause__ = cause
-            self._error = error
+            self.error = error
             works, self._works = list(self._works), set()
         self._broken_event.set()
         logger.warning("%s", error)
