@@ -113,6 +113,13 @@ def sc_gathers(rank: int, size: int, face: str = "dropin") -> tuple[int, list[st
             out = torch.zeros(3 * size).to(dtype)
             return dist.all_gather_single(out, make(dtype, (3,), rank)), out
         ck.both(f"all_gather_single {dtype}", ags)
+
+        def agt_in_place(dist, g, dtype=dtype):  # the input is this rank's slot of the output
+            out = torch.zeros(3 * size).to(dtype)
+            mine = out[3 * rank:3 * (rank + 1)]
+            mine.copy_(make(dtype, (3,), rank))
+            return dist.all_gather_into_tensor(out, mine), out
+        ck.both(f"all_gather_into_tensor in place {dtype}", agt_in_place)
         if dtype.is_complex:
             continue  # torch's gather does not view complex as real: gloo refuses it
         for root in range(size):
@@ -151,6 +158,12 @@ def sc_scatters(rank: int, size: int, face: str = "dropin") -> tuple[int, list[s
                 return dist.reduce_scatter_tensor(out, make(dtype, (2 * size, 3), rank), op), out
             ck.both(f"reduce_scatter {dtype} {op}", rs, close=dtype.is_complex)
             ck.both(f"reduce_scatter_tensor {dtype} {op}", rst, close=dtype.is_complex)
+
+        def rst_into_input(dist, g, dtype=dtype):  # the output is this rank's block of the input
+            data = make(dtype, (2 * size,), rank)
+            return dist.reduce_scatter_tensor(data[2 * rank:2 * (rank + 1)], data), data
+        ck.both(f"reduce_scatter_tensor into its input {dtype}", rst_into_input,
+                close=dtype.is_complex)
 
         def rs_async(dist, g, dtype=dtype):
             out = torch.zeros(2).to(dtype)
