@@ -2,11 +2,13 @@
 
 Both sides run in the same MPI processes on the same buffers, interleaved call by call (raw,
 colls, raw, colls, ...), so machine noise hits both alike. Every timed call is preceded by a
-barrier; a call's time is the slowest rank's, and each row reports the median over iterations.
+barrier (``--burst K``: every K calls, timed together, as in a loop of collectives); a sample is
+the slowest rank's time per call, and each row reports the median over samples.
 
     python benchmarks/bench_mpi_overhead.py                 # driver: mpiexec -n 2, then -n 4
     python benchmarks/bench_mpi_overhead.py --sizes 2 4 --max-bytes 1M
     mpiexec -n 4 python benchmarks/bench_mpi_overhead.py --worker   # one world size
+    python benchmarks/bench_mpi_overhead.py --burst 20      # 20 calls per barrier
     python benchmarks/bench_mpi_overhead.py --breakdown     # where colls' 8-byte time goes
 
 Ops: all_reduce (float32 SUM, in place), broadcast (root 0), all_gather (``size`` bytes per
@@ -83,8 +85,12 @@ def _callables(op: str, nbytes: int, comm: Any, MPI: Any) -> tuple[Callable[[], 
     raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
 
 
-def measure(op: str, nbytes: int, comm: Any, MPI: Any) -> tuple[float, float]:
-    """Return the median of the slowest rank's time (seconds) for (raw, colls)."""
+def measure(op: str, nbytes: int, comm: Any, MPI: Any, burst: int = 1) -> tuple[float, float]:
+    """Return the median of the slowest rank's time per call (seconds) for (raw, colls).
+
+    ``burst`` calls run back to back after each barrier (1: a barrier before every call, as
+    the OSU benchmarks do; more: calls follow each other as in a loop of collectives).
+    """
     raw, via_colls = _callables(op, nbytes, comm, MPI)
     comm.Barrier()
     start = time.perf_counter()
@@ -95,18 +101,20 @@ def measure(op: str, nbytes: int, comm: Any, MPI: Any) -> tuple[float, float]:
     per_iteration = np.array([(time.perf_counter() - start) / WARMUP])
     comm.Allreduce(MPI.IN_PLACE, per_iteration, MPI.MAX)
     n = max(MIN_ITERS, min(iterations(nbytes), int(SECONDS_PER_SIZE / per_iteration[0])))
-    times = np.empty((2, n))
-    for i in range(n):
+    samples = max(MIN_ITERS, n // burst)
+    times = np.empty((2, samples))
+    for i in range(samples):
         for side, call in enumerate((raw, via_colls)):
             comm.Barrier()
             start = time.perf_counter()
-            call()
-            times[side, i] = time.perf_counter() - start
+            for _ in range(burst):
+                call()
+            times[side, i] = (time.perf_counter() - start) / burst
     comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def worker(sizes: list[int], ops: list[str]) -> None:
+def worker(sizes: list[int], ops: list[str], burst: int = 1) -> None:
     """Run every (op, size) in this MPI job and print the table on rank 0."""
     from mpi4py import MPI
 
@@ -116,12 +124,13 @@ def worker(sizes: list[int], ops: list[str]) -> None:
     comm = MPI.COMM_WORLD.Dup()
     rank, n = comm.Get_rank(), comm.Get_size()
     if rank == 0:
-        print(f"\n## {n} ranks ({MPI.Get_library_version().splitlines()[0].strip()})")
+        mode = "a barrier before every call" if burst == 1 else f"{burst} calls per barrier"
+        print(f"\n## {n} ranks, {mode} ({MPI.Get_library_version().splitlines()[0].strip()})")
         print("| op | size | raw mpi4py (us) | colls (us) | ratio | added (us) |")
         print("|---|---:|---:|---:|---:|---:|")
     for op in ops:
         for nbytes in sizes:
-            raw, via_colls = measure(op, nbytes, comm, MPI)
+            raw, via_colls = measure(op, nbytes, comm, MPI, burst)
             if rank == 0:
                 print(f"| {op} | {show_bytes(nbytes)} | {raw * 1e6:.1f} | {via_colls * 1e6:.1f} "
                       f"| {via_colls / raw:.3f} | {(via_colls - raw) * 1e6:+.1f} |", flush=True)
@@ -220,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-bytes", default="8", help="smallest message (default 8)")
     parser.add_argument("--breakdown", action="store_true",
                         help="time the layers of an 8-byte all_reduce instead of the sweep")
+    parser.add_argument("--burst", type=int, default=1,
+                        help="calls back to back after each barrier (default 1: a barrier "
+                             "before every call)")
     args = parser.parse_args(argv)
     low, high = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
     sizes = [s for s in DEFAULT_SIZES if low <= s <= high]
@@ -227,10 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.breakdown:
             breakdown()
         else:
-            worker(sizes, args.ops)
+            worker(sizes, args.ops, args.burst)
         return 0
+    if args.burst < 1:
+        parser.error(f"--burst must be at least 1, got {args.burst}")
     passthrough = ["--ops", *args.ops, "--max-bytes", args.max_bytes,
-                   "--min-bytes", args.min_bytes]
+                   "--min-bytes", args.min_bytes, "--burst", str(args.burst)]
     if args.breakdown:
         return driver([2], ["--breakdown"])
     return driver(args.sizes, passthrough)
