@@ -258,11 +258,8 @@ def submit(
     health = pg.health
     if health.error is not None:
         health.check(op)
-    record = getattr(_call, "record", None)
-    if record is not None and record.op == op:
-        _call.record = None  # used: the next call starts a record of its own
-    else:
-        record = fingerprint.CallRecord(op)
+    record = _record(op)
+    _call.record = None  # used: the next call starts a record of its own
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
     tag = record.tag(seq)
@@ -286,6 +283,4 @@ def submit(
         finally:
             health.end()
 
-    if not async_op and pg.try_run_inline(run):
-        return None
     return pg.run(run, op=op, async_op=async_op)

@@ -55,12 +55,6 @@ class ProcessGroup:
         #: ``next_sequence()``: the number of the next collective (0, 1, ...; the same order on
         #: every rank). A bound ``count.__next__``: called on every collective, it costs no frame.
         self.next_sequence: Callable[[], int] = itertools.count().__next__
-        #: ``try_run_inline(job)``: run ``job`` now on this thread if no earlier collective is
-        #: queued or running, and return whether it ran (:meth:`SerialExecutor.try_run_inline`).
-        #: The latency path of a synchronous call, taken by :func:`colls._dispatch.submit`.
-        self.try_run_inline: Callable[[Callable[[], Any]], bool] = (
-            self._executor.try_run_inline
-        )
         self.destroyed = False
         self.health = GroupHealth(self)
 
@@ -86,7 +80,7 @@ class ProcessGroup:
         Returns a Work when ``async_op`` is true; otherwise waits (re-raising failures) and
         returns None.
         """
-        if not async_op and self.try_run_inline(job):
+        if not async_op and self._executor.try_run_inline(job):
             return None  # the latency path: no Work, no Future, no thread hand-off
         work = Work(
             description=f"{op} on group {self.name!r} (rank {self.rank} of {self.size})",
