@@ -262,7 +262,7 @@ def submit(
     _call.record = None  # used: the next call starts a record of its own
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
-    tag = record.tag(seq)
+    tag = fingerprint.collective_tag(seq, record.signature())
 
     def run() -> Any:
         if health.error is not None:  # a failure while this call was queued

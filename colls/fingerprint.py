@@ -130,13 +130,6 @@ class CallRecord:
             )
         return found
 
-    def tag(self, seq: int) -> int:
-        """Return the tag of this call as collective number ``seq`` (:func:`collective_tag`)."""
-        found = _SIGNATURES.get((self.op, self.dtype, self.shape, self.root, self.reduce_op))
-        if found is None:
-            found = self.signature()
-        return -1 - ((seq << SIGNATURE_BITS) | found)
-
     def describe(self, seq: int, group: str) -> str:
         """Return the text fingerprint exchanged under COLLS_DEBUG=detail."""
         shape = self.shape

@@ -67,9 +67,6 @@ def test_tags_keep_the_sequence_and_differ_by_signature():
     for seq in (0, 1, 12345, (1 << 39) - 1):
         tag = collective_tag(seq, a.signature())
         assert tag < 0 and tag_sequence(tag) == seq
-        assert a.tag(seq) == tag
-    fresh = CallRecord("gather", "int8", (7, 3), 1, None)  # not memoised yet: tag() computes it
-    assert fresh.tag(5) == collective_tag(5, fresh.signature())
     assert a.signature() != b.signature()
     assert a.signature() == c.signature()  # the tag checks element counts, not shapes
     message = describe_tag_conflict(collective_tag(3, a.signature()),
