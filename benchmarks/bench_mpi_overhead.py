@@ -10,6 +10,8 @@ the slowest rank's time per call, and each row reports the median over samples.
     mpiexec -n 4 python benchmarks/bench_mpi_overhead.py --worker   # one world size
     python benchmarks/bench_mpi_overhead.py --burst 20      # 20 calls per barrier
     python benchmarks/bench_mpi_overhead.py --breakdown     # where colls' 8-byte time goes
+    python benchmarks/bench_mpi_overhead.py --layers --min-bytes 1M --max-bytes 4M
+                                                            # the same, between barriers, per size
 
 Ops: all_reduce (float32 SUM, in place), broadcast (root 0), all_gather (``size`` bytes per
 rank into one flat output: ``all_gather_into_tensor`` vs ``Allgather``). Sizes are per rank,
@@ -39,6 +41,8 @@ MAX_ITERS: Final = 2000
 MIN_ITERS: Final = 8
 BYTES_PER_SIZE: Final = 256 << 20
 WARMUP: Final = 3
+#: --layers: at least this many samples per (op, size) and layer, even for the largest sizes.
+LAYER_MIN_ITERS: Final = 30
 #: Wall-clock budget per (op, size) pair: bounds a run on a slow or crowded machine.
 SECONDS_PER_SIZE: Final = 3.0
 _UNITS: Final = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -204,6 +208,101 @@ def breakdown() -> None:
     colls.destroy_process_group()
 
 
+def _wait(request: Any) -> None:
+    """Test ``request`` until done, as MpiBackend does (spin, then yield between tests)."""
+    from colls_plugins.mpi.backend import SPIN_TESTS
+
+    test = request.Test
+    for _ in range(SPIN_TESTS):
+        if test():
+            return
+    while not test():
+        os.sched_yield()
+
+
+def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callable[[], Any]]:
+    """Return one call of ``op`` per layer, each adding one layer of colls to the one before."""
+    import colls
+    from colls import _dispatch as d
+    from colls.reduce_ops import ReduceOp
+
+    pg = d.default_group()
+    backend = pg.backend
+    count = max(1, nbytes // 4)
+    buf = np.ones(count, dtype=np.float32)
+    if op == "all_reduce":
+        spec = d.reduce_spec(ReduceOp.SUM, d.buffer(buf, arg="tensor", op=op, writable=True),
+                             op_name=op)
+        blocking = lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)  # noqa: E731
+        nonblocking = lambda: _wait(comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM))  # noqa: E731
+        backend_call = lambda: backend.all_reduce(buf, spec, 0)  # noqa: E731
+        full = lambda: colls.all_reduce(buf)  # noqa: E731
+    elif op == "broadcast":
+        blocking = lambda: comm.Bcast(buf, root=0)  # noqa: E731
+        nonblocking = lambda: _wait(comm.Ibcast(buf, root=0))  # noqa: E731
+        backend_call = lambda: backend.broadcast(buf, 0, 0)  # noqa: E731
+        full = lambda: colls.broadcast(buf, src=0)  # noqa: E731
+    else:
+        recv = np.empty(count * comm.Get_size(), dtype=np.float32)
+        blocking = lambda: comm.Allgather(buf, recv)  # noqa: E731
+        nonblocking = lambda: _wait(comm.Iallgather(buf, recv))  # noqa: E731
+        backend_call = lambda: backend.all_gather(recv, buf, 0)  # noqa: E731
+        full = lambda: colls.all_gather_into_tensor(recv, buf)  # noqa: E731
+    return {
+        "raw blocking": blocking,
+        "raw nonblocking + Test": nonblocking,
+        "backend method": backend_call,
+        "+ group executor": lambda: pg.run(backend_call, op=op, async_op=False),
+        "+ submit (tag, health)": lambda: d.submit(pg, op, lambda tag: backend_call(),
+                                                   async_op=False),
+        "colls call": full,
+    }
+
+
+def layers(sizes: list[int], ops: list[str]) -> None:
+    """Time each layer of colls between barriers, per op and size; print the table on rank 0.
+
+    The layers run in rotation (each goes first in turn), a barrier before every call; each cell
+    is the median over iterations of the slowest rank's time.
+    """
+    from mpi4py import MPI
+
+    import colls
+
+    colls.init_process_group("mpi")
+    comm = MPI.COMM_WORLD.Dup()
+    rank = comm.Get_rank()
+    for op in ops:
+        for nbytes in sizes:
+            calls = _layer_calls(op, nbytes, comm, MPI)
+            names = list(calls)
+            if rank == 0 and op == ops[0] and nbytes == sizes[0]:
+                print(f"\n## layers between barriers, {comm.Get_size()} ranks (us; in brackets: "
+                      "added over raw blocking)")
+                print("| op | size | " + " | ".join(names) + " |")
+                print("|---|---:|" + "---:|" * len(names))
+            for call in calls.values():
+                call()  # warm up
+            iterations = max(LAYER_MIN_ITERS, min(400, BYTES_PER_SIZE // max(nbytes, 1)))
+            times = np.empty((len(names), iterations))
+            for i in range(iterations):
+                for j in range(len(names)):
+                    index = (i + j) % len(names)
+                    comm.Barrier()
+                    start = time.perf_counter()
+                    calls[names[index]]()
+                    times[index, i] = time.perf_counter() - start
+            comm.Allreduce(MPI.IN_PLACE, times, MPI.MAX)
+            medians = [statistics.median(row) * 1e6 for row in times]
+            if rank == 0:
+                cells = [f"{medians[0]:.1f}"] + [
+                    f"{m:.1f} ({m - medians[0]:+.1f})" for m in medians[1:]
+                ]
+                print(f"| {op} | {show_bytes(nbytes)} | " + " | ".join(cells) + " |", flush=True)
+    comm.Free()
+    colls.destroy_process_group()
+
+
 def driver(world_sizes: list[int], passthrough: list[str]) -> int:
     """Launch one mpiexec job per world size; return the first non-zero exit status."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
@@ -229,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-bytes", default="8", help="smallest message (default 8)")
     parser.add_argument("--breakdown", action="store_true",
                         help="time the layers of an 8-byte all_reduce instead of the sweep")
+    parser.add_argument("--layers", action="store_true",
+                        help="time each layer of colls between barriers, per op and size")
     parser.add_argument("--burst", type=int, default=1,
                         help="calls back to back after each barrier (default 1: a barrier "
                              "before every call)")
@@ -238,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         if args.breakdown:
             breakdown()
+        elif args.layers:
+            layers(sizes, args.ops)
         else:
             worker(sizes, args.ops, args.burst)
         return 0
@@ -247,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--min-bytes", args.min_bytes, "--burst", str(args.burst)]
     if args.breakdown:
         return driver([2], ["--breakdown"])
+    if args.layers:
+        passthrough.append("--layers")
     return driver(args.sizes, passthrough)
 
 
