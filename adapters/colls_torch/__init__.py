@@ -61,9 +61,12 @@ from colls_torch._groups import (
     GroupMember,
     destroy_process_group,
     get_backend,
+    get_backend_config,
+    get_default_backend_for_device,
     get_global_rank,
     get_group_rank,
     get_node_local_rank,
+    get_pg_count,
     get_process_group_ranks,
     get_rank,
     get_world_size,
@@ -97,6 +100,9 @@ from colls_torch._work import Work
 
 #: torch's deprecated alias of ReduceOp (the same object as torch.distributed.reduce_op).
 reduce_op = _dist.reduce_op
+#: Whether a reduce op applies to complex tensors: torch's own function (it only reads the op),
+#: and colls refuses the same ops on complex dtypes.
+supports_complex = _dist.supports_complex
 #: torch's default process-group timeout (colls' COLLS_TIMEOUT default is the same).
 default_pg_timeout = datetime.timedelta(minutes=30)
 
@@ -140,9 +146,12 @@ __all__ = [
     "gather",
     "gather_object",
     "get_backend",
+    "get_backend_config",
+    "get_default_backend_for_device",
     "get_global_rank",
     "get_group_rank",
     "get_node_local_rank",
+    "get_pg_count",
     "get_process_group_ranks",
     "get_rank",
     "get_world_size",
@@ -177,4 +186,5 @@ __all__ = [
     "scatter_object_list",
     "send",
     "send_object_list",
+    "supports_complex",
 ]

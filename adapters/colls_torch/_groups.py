@@ -23,7 +23,7 @@ import colls
 from colls import _dispatch
 from colls.plugin_manager import ALIASES
 from colls.process_group import ProcessGroup
-from colls.registry import NON_GROUP_MEMBER, WORLD, GroupMember, group
+from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD, GroupMember, group
 
 from colls_torch._errors import boundary
 
@@ -282,6 +282,47 @@ def get_backend(group: Any = None) -> Backend:
     if pg is None:
         raise ValueError("Invalid process group specified")
     return Backend(_REQUESTED_BACKEND.get(pg.name, pg.backend_name))
+
+
+def get_backend_config(group: Any = None) -> str:
+    """Return ``group``'s backend per device, as torch: ``"cpu:gloo,cuda:gloo"`` for gloo.
+
+    colls_torch moves CPU and CUDA tensors through the one backend a group was created with
+    (CUDA tensors through host memory on a CPU transport), so both devices name it; a device
+    map given at creation is returned as given.
+
+    Raises:
+        ValueError: ``group`` is not a group this process belongs to.
+    """
+    name = get_backend(group)
+    return str(name) if ":" in name else f"cpu:{name},cuda:{name}"
+
+
+def get_pg_count() -> int:
+    """Return how many process groups this process has created, as torch counts them.
+
+    The world group counts as one and every ``new_group`` (also those ``new_subgroups`` makes)
+    as one more, whether or not this process is a member; destroying one group does not lower
+    the count, destroying them all resets it to 0.
+    """
+    return (1 if colls.is_initialized() else 0) + REGISTRY.group_count
+
+
+def get_default_backend_for_device(device: str | torch.device) -> str:
+    """Return the backend name to pass to init_process_group for tensors on ``device``.
+
+    Torch's names: "gloo" (colls' tcp) for CPU; for CUDA "nccl" when colls' nccl backend is
+    usable here, else "gloo", which moves CUDA tensors through host memory.
+
+    Raises:
+        ValueError: no colls backend handles ``device``'s type (as torch's message).
+    """
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if kind == "cpu":
+        return Backend.GLOO
+    if kind == "cuda":
+        return Backend.NCCL if _usable("nccl") else Backend.GLOO
+    raise ValueError(f"Default backend not registered for device : {device}")
 
 
 @boundary

@@ -262,3 +262,41 @@ def _dropin_env(rank: int, size: int) -> tuple[str, list[float], int]:
 
 def test_dropin_env_rendezvous():
     assert run_fresh(_dropin_env, 2) == [("gloo", [3.0], 2)] * 2
+
+
+# -- group bookkeeping: get_pg_count, get_backend_config, default backends -----------------------
+
+
+def _group_bookkeeping(dist: object) -> list[object]:
+    """The same calls through ``dist`` (torch.distributed or colls_torch), one rank."""
+    seen: list[object] = [dist.get_pg_count()]
+    dist.init_process_group("gloo", store=T.HashStore(), rank=0, world_size=1)
+    seen += [dist.get_pg_count(), dist.get_backend_config()]
+    first = dist.new_group([0])
+    second = dist.new_group([0], backend="gloo")
+    seen += [dist.get_pg_count(), dist.get_backend_config(second)]
+    dist.destroy_process_group(first)
+    seen.append(dist.get_pg_count())
+    dist.destroy_process_group()
+    seen += [dist.get_pg_count(), _raises(dist.get_backend_config)]
+    seen += [dist.get_default_backend_for_device(d) for d in ("cpu", torch.device("cpu"))]
+    seen.append(_raises(lambda: dist.get_default_backend_for_device("meta")))
+    seen += [dist.supports_complex(op) for op in (T.ReduceOp.SUM, T.ReduceOp.MAX)]
+    return seen
+
+
+def _bookkeeping_both_faces(rank: int, size: int) -> tuple[list[object], list[object]]:
+    return _group_bookkeeping(T), _group_bookkeeping(C)
+
+
+def test_group_bookkeeping_matches_torch():
+    [(from_torch, from_colls)] = run_fresh(_bookkeeping_both_faces, 1)
+    assert from_colls == from_torch
+    assert from_colls[:5] == [0, 1, "cpu:gloo,cuda:gloo", 3, "cpu:gloo,cuda:gloo"]
+
+
+def test_default_backend_for_cuda_is_one_colls_can_run():
+    expected = "nccl" if C.is_nccl_available() else "gloo"
+    assert C.get_default_backend_for_device("cuda") == expected
+    assert C.get_default_backend_for_device(torch.device("cuda", 0)) == expected
+    assert C.supports_complex is T.supports_complex

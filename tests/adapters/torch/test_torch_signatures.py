@@ -25,7 +25,8 @@ all_to_all all_to_all_single barrier monitored_barrier send recv isend irecv bat
 all_gather_object broadcast_object_list gather_object scatter_object_list send_object_list
 recv_object_list is_mpi_available is_nccl_available is_gloo_available is_backend_available
 is_ucc_available is_xccl_available is_torchelastic_launched get_node_local_rank
-all_reduce_coalesced all_gather_coalesced register_rendezvous_handler
+all_reduce_coalesced all_gather_coalesced register_rendezvous_handler get_backend_config
+get_pg_count get_default_backend_for_device supports_complex
 """.split()
 CLASSES_AND_OBJECTS = """
 P2POp ReduceOp reduce_op Backend group GroupMember Work Store TCPStore FileStore HashStore
