@@ -208,12 +208,10 @@ def breakdown() -> None:
     colls.destroy_process_group()
 
 
-def _wait(request: Any) -> None:
-    """Test ``request`` until done, as MpiBackend does (spin, then yield between tests)."""
-    from colls_plugins.mpi.backend import SPIN_TESTS
-
+def _wait(request: Any, spins: int) -> None:
+    """Test ``request`` until done, as MpiBackend does (``spins`` tests, then yield between)."""
     test = request.Test
-    for _ in range(SPIN_TESTS):
+    for _ in range(spins):
         if test():
             return
     while not test():
@@ -225,6 +223,7 @@ def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callabl
     import colls
     from colls import _dispatch as d
     from colls.reduce_ops import ReduceOp
+    from colls_plugins.mpi.backend import SPIN_TESTS
 
     pg = d.default_group()
     backend = pg.backend
@@ -233,21 +232,22 @@ def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callabl
     if op == "all_reduce":
         spec = d.reduce_spec(ReduceOp.SUM, d.buffer(buf, arg="tensor", op=op, writable=True),
                              op_name=op)
-        blocking = lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)  # noqa: E731
-        nonblocking = lambda: _wait(comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM))  # noqa: E731
-        backend_call = lambda: backend.all_reduce(buf, spec, 0)  # noqa: E731
-        full = lambda: colls.all_reduce(buf)  # noqa: E731
+        calls = (lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM),
+                 lambda: _wait(comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM), SPIN_TESTS),
+                 lambda: backend.all_reduce(buf, spec, 0),
+                 lambda: colls.all_reduce(buf))
     elif op == "broadcast":
-        blocking = lambda: comm.Bcast(buf, root=0)  # noqa: E731
-        nonblocking = lambda: _wait(comm.Ibcast(buf, root=0))  # noqa: E731
-        backend_call = lambda: backend.broadcast(buf, 0, 0)  # noqa: E731
-        full = lambda: colls.broadcast(buf, src=0)  # noqa: E731
+        calls = (lambda: comm.Bcast(buf, root=0),
+                 lambda: _wait(comm.Ibcast(buf, root=0), SPIN_TESTS),
+                 lambda: backend.broadcast(buf, 0, 0),
+                 lambda: colls.broadcast(buf, src=0))
     else:
         recv = np.empty(count * comm.Get_size(), dtype=np.float32)
-        blocking = lambda: comm.Allgather(buf, recv)  # noqa: E731
-        nonblocking = lambda: _wait(comm.Iallgather(buf, recv))  # noqa: E731
-        backend_call = lambda: backend.all_gather(recv, buf, 0)  # noqa: E731
-        full = lambda: colls.all_gather_into_tensor(recv, buf)  # noqa: E731
+        calls = (lambda: comm.Allgather(buf, recv),
+                 lambda: _wait(comm.Iallgather(buf, recv), SPIN_TESTS),
+                 lambda: backend.all_gather(recv, buf, 0),
+                 lambda: colls.all_gather_into_tensor(recv, buf))
+    blocking, nonblocking, backend_call, full = calls
     return {
         "raw blocking": blocking,
         "raw nonblocking + Test": nonblocking,
