@@ -24,8 +24,11 @@ from colls.reduce_ops import PremulSum, RedOpType
 ReduceOp = _dist.ReduceOp
 _TorchRedOpType = _dist.ReduceOp.RedOpType
 
-#: Ops torch refuses on complex tensors (``torch.distributed.supports_complex``).
-_COMPLEX_DENY: Final = frozenset({"MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR"})
+#: Ops torch refuses on complex tensors, by name: read from torch's own
+#: ``supports_complex`` (which colls_torch also exports), so the rule lives in one place.
+_COMPLEX_DENY: Final = frozenset(
+    name for name, kind in _TorchRedOpType.__members__.items() if not _dist.supports_complex(kind)
+)
 _BITWISE: Final = frozenset({"BAND", "BOR", "BXOR"})
 #: Functions where torch raises ValueError for complex + a denied op (its Python-level check).
 _COMPLEX_CHECKED: Final = frozenset({"all_reduce", "all_reduce_coalesced"})

@@ -296,7 +296,8 @@ def test_group_bookkeeping_matches_torch():
 
 
 def test_default_backend_for_cuda_is_one_colls_can_run():
-    expected = "nccl" if C.is_nccl_available() else "gloo"
-    assert C.get_default_backend_for_device("cuda") == expected
-    assert C.get_default_backend_for_device(torch.device("cuda", 0)) == expected
+    chosen = C.get_default_backend_for_device("cuda")
+    assert C.is_backend_available(chosen)  # what a script passes on to init_process_group
+    assert chosen == ("nccl" if C.is_nccl_available() else "gloo")
+    assert C.get_default_backend_for_device(torch.device("cuda", 0)) == chosen
     assert C.supports_complex is T.supports_complex
