@@ -4,7 +4,7 @@ The public API mirrors torch.distributed::
 
     import colls
     colls.init_process_group("tcp")          # env:// rendezvous, as set by colls-run
-    colls.all_reduce(array)                  # NumPy, torch, CuPy, ... in place
+    colls.all_reduce(array)                  # a NumPy array, torch CPU tensor, ..., in place
 
 Names are resolved lazily (PEP 562) so that ``import colls`` and the launcher ``colls.run`` stay
 cheap: nothing but the module asked for is imported.

@@ -156,11 +156,11 @@ class BackendSpec:
     """A backend a plugin offers (returned by the ``colls_backends`` hook).
 
     Attributes:
-        name: the name users pass to init_process_group ("tcp", "mpi", "nccl").
+        name: the name users pass to init_process_group ("tcp", "mpi").
         devices: devices it moves ("cpu", "cuda").
         create: factory ``create(store, rank, world_size, options) -> Backend``.
         available: returns None when usable here, else the reason it is not
-            ("nccl: cupy is not installed"). Called lazily, only when needed.
+            ("mpi: mpi4py is not installed ..."). Called lazily, only when needed.
         plugin: the plugin that provided it (set by the plugin manager).
         world: for transports that bring their own rendezvous (MPI under mpiexec): returns
             ``(rank, world_size)`` without a store. ``init_process_group(backend)`` with no

@@ -121,7 +121,7 @@ SETTINGS: dict[str, Setting] = {
             "COLLS_TORCH_TRANSPORT", _parse_str, "tcp",
             "Transport under torch.distributed's 'colls' backend "
             "(torch.distributed.init_process_group(\"colls\"), registered by importing "
-            "colls_torch): tcp, mpi, nccl or any colls backend; "
+            "colls_torch): tcp, mpi or any other colls backend; "
             "pg_options={'transport': ...} overrides it per group.",
         ),
         Setting(

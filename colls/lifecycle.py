@@ -58,12 +58,13 @@ def init_process_group(
     """Join the world group: rendezvous, create the backend, register the default group.
 
     Args:
-        backend: a backend name ("tcp", "mpi", "nccl"; "gloo" means tcp); default tcp or
-            ``COLLS_BACKEND``.
+        backend: a backend name ("tcp", "mpi" or a plugin's; "gloo" means tcp); default
+            ``COLLS_BACKEND``, else tcp.
         init_method: "env://" (default), "tcp://host:port", "file:///path" or a registered scheme.
             Mutually exclusive with ``store``.
         timeout: default timeout of every blocking call of the group (``COLLS_TIMEOUT``).
-        world_size, rank: required with ``store``; otherwise taken from the init method.
+        world_size: required with ``store``; otherwise taken from the init method.
+        rank: required with ``store``; otherwise taken from the init method.
         store: an already connected :class:`colls.store.Store`.
         group_name: ignored (kept for torch compatibility); the world group is "default_pg".
         pg_options: a mapping of backend-specific options passed to the backend.

@@ -58,7 +58,7 @@ class CollsOptions:
     """Per-group options of the ``colls`` backend (``pg_options=`` of init/new_group).
 
     Attributes:
-        transport: the colls backend underneath ("tcp", "mpi", "nccl"); None reads
+        transport: the colls backend underneath ("tcp", "mpi" or a plugin's); None reads
             ``COLLS_TORCH_TRANSPORT``.
         extra: backend-specific options passed to the colls backend.
     """
@@ -92,7 +92,8 @@ class ProcessGroupColls(_dist.ProcessGroup):
 
     Args:
         store: the torch Store of this group (already prefixed by torch).
-        rank, size: this process's group rank and the group size.
+        rank: this process's group rank.
+        size: the group size.
         timeout: the group timeout.
         group_name: torch's name of the group (also given to colls).
         global_ranks: the world ranks of the members (colls backends that need them).

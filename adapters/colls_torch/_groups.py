@@ -97,8 +97,8 @@ def init_process_group(
 ) -> None:
     """Initialise the default (world) group over colls; torch.distributed is left untouched.
 
-    As ``torch.distributed.init_process_group``; ``backend`` is a colls backend ("tcp", "mpi",
-    "nccl"; "gloo" means tcp), ``store`` a colls Store or a torch Store. ``device_id`` and
+    As ``torch.distributed.init_process_group``; ``backend`` is a colls backend ("tcp", "mpi"
+    or a plugin's; "gloo" means tcp), ``store`` a colls Store or a torch Store. ``device_id`` and
     ``_ranks`` are accepted and ignored (colls binds no device and names groups itself).
     """
     name = _colls_backend(backend)
@@ -151,7 +151,7 @@ def is_mpi_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """Return whether colls' nccl backend is usable here (False when it is not installed)."""
+    """Return whether a colls backend named nccl is usable here (colls ships none yet)."""
     return _usable("nccl")
 
 
@@ -311,8 +311,9 @@ def get_pg_count() -> int:
 def get_default_backend_for_device(device: str | torch.device) -> str:
     """Return the backend name to pass to init_process_group for tensors on ``device``.
 
-    Torch's names: "gloo" (colls' tcp) for CPU; for CUDA "nccl" when colls' nccl backend is
-    usable here, else "gloo", which moves CUDA tensors through host memory.
+    Torch's names: "gloo" (colls' tcp) for CPU; for CUDA "nccl" when a colls backend named
+    nccl is usable here (colls ships none yet), else "gloo", which moves CUDA tensors through
+    host memory.
 
     Raises:
         ValueError: no colls backend handles ``device``'s type (as torch's message).

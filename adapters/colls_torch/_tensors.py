@@ -8,7 +8,8 @@ care on the way in, and :class:`Staging` handles both:
   shares that storage.
 * A CUDA tensor on a transport that only moves host memory (tcp, mpi) is staged: colls works on
   a host copy, and the results are copied back (``copy_``) when the operation completes, before
-  its Work does. With a CUDA-capable transport (nccl) the tensor is passed as is.
+  its Work does. With a transport whose ``devices`` include "cuda" (mpi over a CUDA-aware
+  MPI) the tensor is passed as is.
 
 The checks raise what torch raises: TypeError for a non-tensor, ValueError for mixed dtypes.
 """
