@@ -15,15 +15,21 @@ A plugin author's test is one line::
         check_backend("mytransport", world_sizes=(1, 2, 3), quick=True)
 
 The job runs with ``COLLS_SEGMENT_BYTES`` and ``COLLS_SMALL_MESSAGE_BYTES`` set to 4096 so that a
-few thousand elements reach the multi-segment, bandwidth-optimal algorithms. Timing checks of the
-barriers assume the ranks share one clock, which holds for the one-host launchers used here.
+few thousand elements reach the multi-segment, bandwidth-optimal algorithms. ``env`` adds to (or
+overrides) that environment for every rank, to run the suite over one configuration of a backend,
+e.g. the tcp backend over its sockets rather than shared memory::
+
+    check_backend("tcp", world_sizes=(2, 3), env={"COLLS_SHM": "0"})
+
+Timing checks of the barriers assume the ranks share one clock, which holds for the one-host
+launchers used here.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from colls.testing import _checks_api as api
@@ -92,7 +98,8 @@ def run_suite(rank: int, world_size: int, backend: str, array_library: str, quic
 
 
 def _check_arguments(backend: str, world_sizes: Sequence[int], array_library: str,
-                     timeout: float, checks: Sequence[str] | None) -> list[str]:
+                     timeout: float, checks: Sequence[str] | None,
+                     env: Mapping[str, str] | None) -> list[str]:
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"check_backend: backend must be a backend name, got {backend!r}")
     if not world_sizes or any(
@@ -109,6 +116,13 @@ def _check_arguments(backend: str, world_sizes: Sequence[int], array_library: st
         raise ValueError("check_backend: array_library='torch' needs torch, which is not installed")
     if not timeout > 0:
         raise ValueError(f"check_backend: timeout must be positive seconds, got {timeout!r}")
+    if env is not None and (
+        not isinstance(env, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise TypeError(
+            f"check_backend: env must map variable names to string values, got {env!r}"
+        )
     names = list(CHECKS) if checks is None else list(checks)
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
@@ -137,6 +151,7 @@ def check_backend(
     quick: bool = False,
     checks: Sequence[str] | None = None,
     launcher: str = "spawn",
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """Run the conformance suite on ``backend`` for each world size; raise on the first failure.
 
@@ -150,6 +165,11 @@ def check_backend(
         checks: names from :data:`CHECKS` to run (default: all, in order).
         launcher: "spawn" (:func:`colls.testing.spawn`, a store rendezvous) or "mpiexec"
             (:func:`colls.testing.mpirun.run_mpi`: ``mpiexec -n N``, the MPI world, no store).
+        env: environment variables set in every rank before the backend is initialised, on
+            top of :data:`JOB_ENV` (a name in both takes ``env``'s value). Every rank gets the
+            same values, as the backends require (e.g. ``{"COLLS_SHM": "0"}`` keeps the tcp
+            backend on its sockets, ``{"COLLS_ALGORITHM": "all_reduce=ring"}`` forces an
+            algorithm).
 
     Raises:
         BackendUnavailableError: ``backend`` is unknown or unavailable in this process.
@@ -159,7 +179,7 @@ def check_backend(
     """
     from colls import plugin_manager
 
-    names = _check_arguments(backend, world_sizes, array_library, timeout, checks)
+    names = _check_arguments(backend, world_sizes, array_library, timeout, checks, env)
     if launcher not in ("spawn", "mpiexec"):
         raise ValueError(f"check_backend: launcher must be 'spawn' or 'mpiexec', got {launcher!r}")
     plugin_manager.resolve_backend(backend)  # fail here, clearly, rather than in every rank
@@ -168,11 +188,12 @@ def check_backend(
         from colls.testing.mpirun import run_mpi
 
         run = run_mpi
+    job_env = {**JOB_ENV, **(env or {})}
     for world_size in world_sizes:
         try:
             cases: list[int] = run(run_suite, world_size,
                                    args=(backend, array_library, quick, SEED, names),
-                                   backend=backend, timeout=timeout, env=JOB_ENV,
+                                   backend=backend, timeout=timeout, env=job_env,
                                    group_timeout=GROUP_TIMEOUT_S)
         except SpawnError as exc:
             raise ConformanceError(_summary(backend, world_size, array_library, str(exc))

@@ -1,17 +1,29 @@
-"""The conformance suite on the tcp backend: every world size, NumPy and torch CPU arrays.
+"""The conformance suite on the tcp backend: shared memory and sockets, NumPy and torch CPU arrays.
 
-One pytest test per world size, so a failure points at the size that broke; the message of
+Within one host the tcp backend moves collective data through shared memory; with
+``COLLS_SHM=0`` its collectives run colls.algorithms over its sockets instead. Both paths run the
+whole suite (the op x dtype matrix included), at world sizes that include non-powers of two. One
+pytest test per world size, so a failure points at the size that broke; the message of
 :class:`colls.testing.ConformanceError` names the check, rank, dtype, op and root.
+
+``check_backend(..., env=...)`` is how the setting reaches every rank;
+:func:`test_env_reaches_every_rank` proves that it does, and tests/tcp proves that ``COLLS_SHM=0``
+keeps a group off shared memory.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from colls.testing import check_backend
+from colls.testing import ConformanceError, check_backend
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 7)
+#: A world of one sends nothing, so the socket runs start at two ranks.
+SOCKET_WORLD_SIZES = (2, 3, 4, 5, 7)
 TORCH_WORLD_SIZES = (2, 3)
+#: Environment of the socket runs: the tcp backend's collectives over point-to-point.
+SOCKETS = {"COLLS_SHM": "0"}
+TRANSPORTS = {"shm": {}, "sockets": SOCKETS}
 
 
 @pytest.mark.timeout(200)
@@ -21,7 +33,47 @@ def test_conformance_numpy(world_size: int) -> None:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("world_size", SOCKET_WORLD_SIZES)
+def test_conformance_numpy_over_sockets(world_size: int) -> None:
+    check_backend("tcp", world_sizes=(world_size,), timeout=180, env=SOCKETS)
+
+
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("world_size", TORCH_WORLD_SIZES)
-def test_conformance_torch(world_size: int) -> None:
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_conformance_torch(transport: str, world_size: int) -> None:
     pytest.importorskip("torch")
-    check_backend("tcp", world_sizes=(world_size,), array_library="torch", timeout=180)
+    check_backend("tcp", world_sizes=(world_size,), array_library="torch", timeout=180,
+                  env=TRANSPORTS[transport])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world_size", [3, 4])
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+def test_op_dtype_matrix_over_sockets(algorithm: str, world_size: int) -> None:
+    """Every op on every dtype through each all_reduce algorithm over the sockets.
+
+    The matrix's arrays are small, so unforced they only ever take recursive doubling; forcing
+    the ring runs every op's combine on the ring's uneven chunks too.
+    """
+    env = {**SOCKETS, "COLLS_ALGORITHM": f"all_reduce={algorithm}"}
+    check_backend("tcp", world_sizes=(world_size,), timeout=180,
+                  checks=("all_reduce_matrix", "refusals"), env=env)
+
+
+@pytest.mark.timeout(120)
+def test_env_reaches_every_rank() -> None:
+    """A value only the ranks parse: each rank's backend setup must refuse it, by name."""
+    with pytest.raises(ConformanceError) as info:
+        check_backend("tcp", world_sizes=(2,), timeout=90, checks=("basics",),
+                      env={"COLLS_SHM": "sometimes"})
+    message = str(info.value)
+    for rank in range(2):
+        assert f"--- rank {rank}: error" in message, message
+    assert message.count("environment variable COLLS_SHM='sometimes'") >= 2, message
+
+
+@pytest.mark.parametrize("env", [{"COLLS_SHM": 0}, [("COLLS_SHM", "0")]])
+def test_env_must_map_names_to_strings(env: object) -> None:
+    with pytest.raises(TypeError, match="check_backend: env must map variable names to string"):
+        check_backend("tcp", world_sizes=(2,), env=env)  # type: ignore[arg-type]
