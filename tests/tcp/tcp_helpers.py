@@ -1,11 +1,14 @@
-"""Helpers for the tcp backend tests: N backends on N threads of this process."""
+"""Helpers for the tcp backend tests: N backends on N threads of this process, and a record of
+which colls.algorithms implementations ran."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from colls import algorithms
 from colls.options import BackendOptions
 from colls.store import HashStore, PrefixStore
 from colls.store.base import Store
@@ -58,3 +61,31 @@ def make_group(
         return TcpBackend(store, rank, world_size, options(world_size, timeout, name))
 
     return run_ranks(create, world_size)
+
+
+@contextlib.contextmanager
+def algorithm_runs() -> Iterator[list[tuple[str, str, int]]]:
+    """Record every run of a :mod:`colls.algorithms` implementation in this process.
+
+    Yields a list that receives ``(collective, algorithm, rank)`` for each run, on any thread.
+    A collective that the tcp backend moves through shared memory records nothing, so the list
+    proves which path a collective took. The implementations are restored on exit.
+    """
+    runs: list[tuple[str, str, int]] = []
+    originals = {c: dict(table) for c, table in algorithms.IMPLEMENTATIONS.items()}
+
+    def recording(collective: str, name: str, impl: Callable[..., None]) -> Callable[..., None]:
+        def run(comm: Any, *args: Any) -> None:
+            runs.append((collective, name, comm.rank))
+            impl(comm, *args)
+
+        return run
+
+    for collective, table in originals.items():
+        for name, impl in table.items():
+            algorithms.IMPLEMENTATIONS[collective][name] = recording(collective, name, impl)
+    try:
+        yield runs
+    finally:
+        for collective, table in originals.items():
+            algorithms.IMPLEMENTATIONS[collective].update(table)
