@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from tcp_helpers import options
+from tcp_helpers import algorithm_runs, options
 
 from colls.store import PrefixStore, TCPStore
 from colls_plugins.tcp.backend import TcpBackend
@@ -38,3 +38,58 @@ def send_then_hang(rank: int, port: int) -> None:
     backend = TcpBackend(PrefixStore("kill", store), rank, 2, options(2, name="kill"))
     backend.isend(np.arange(10, dtype=np.int32), 0, 0).wait(30)
     time.sleep(120)
+
+
+#: The factor of the PREMUL_SUM cases: a power of two keeps every product exact.
+PREMUL_FACTOR = 2.0
+
+
+def reduce_scatter_input(dtype: str, op: str, count: int, rank: int) -> np.ndarray:
+    """Rank ``rank``'s input of a reduce_scatter case: small integers, so results are exact.
+
+    ``dtype`` is a NumPy name or "bfloat16" (an ml_dtypes array).
+    """
+    rng = np.random.default_rng([count, rank, len(dtype), len(op)])
+    if op == "product":
+        values = rng.integers(1, 3, count)
+    elif dtype.startswith("uint"):
+        values = rng.integers(0, 200, count)
+    else:
+        values = rng.integers(-9, 10, count)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return values.astype(np.float32).astype(ml_dtypes.bfloat16)
+    return values.astype(dtype)
+
+
+def _op(name: str):
+    """Return the ReduceOp named ``name`` ("sum", "bxor", ...; "premul_sum" with its factor)."""
+    from colls.reduce_ops import ReduceOp, make_premul_sum
+
+    if name == "premul_sum":
+        return make_premul_sum(PREMUL_FACTOR)
+    return getattr(ReduceOp, name.upper())
+
+
+def reduce_scatter_cases(rank: int, world: int, cases) -> dict:
+    """Run reduce_scatter and reduce_scatter_tensor for each ``(dtype, op, count)`` of ``cases``.
+
+    ``count`` is the per-rank output size. Returns whether the group used shared memory, the
+    colls.algorithms runs recorded, and each case's output (as list form, tensor form).
+    """
+    import colls
+    from colls import _dispatch
+
+    outputs = []
+    with algorithm_runs() as runs:
+        for dtype, op, count in cases:
+            data = reduce_scatter_input(dtype, op, world * count, rank)
+            listed = np.zeros(count, data.dtype)
+            colls.reduce_scatter(listed, [data[j * count : (j + 1) * count] for j in
+                                          range(world)], op=_op(op))
+            flat = np.zeros(count, data.dtype)
+            colls.reduce_scatter_tensor(flat, data, op=_op(op))
+            outputs.append((listed, flat))
+    backend = _dispatch.default_group().backend
+    return {"uses_shm": backend.uses_shm, "runs": list(runs), "outputs": outputs}

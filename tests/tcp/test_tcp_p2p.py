@@ -96,7 +96,7 @@ def test_any_source_receive_returns_the_sender(group):
         time.sleep(0.05)  # keep arrival order deterministic
     senders = [work.result() for work in works]
     assert senders == [3, 1, 2]
-    for sender, out in zip(senders, outs):
+    for sender, out in zip(senders, outs, strict=True):
         assert (out == sender).all()
 
 
