@@ -1,7 +1,8 @@
 """Rank functions of the fault tests (module level, so spawned processes can import them).
 
 Survivors catch the error they expect and return what they measured: how long the failing call
-took, the error's type and message, and how long a later call took to fail.
+took, the error's type and message, what it left in the caller's buffer, and how long a later
+call took to fail. The tests compare the buffers with NumPy.
 """
 
 from __future__ import annotations
@@ -38,14 +39,12 @@ def _outcome(call: Any) -> dict[str, Any]:
     return {"elapsed": time.monotonic() - start, "type": None, "message": "returned normally"}
 
 
-def _start(op: str, rank: int, world_size: int, victim: int, count: int) -> Any:
-    """Return a survivor's call of ``op``."""
-    data = np.full(count, rank + 1, dtype=np.float32)
+def _start(op: str, rank: int, world_size: int, victim: int, data: np.ndarray) -> Any:
+    """Return a survivor's call of ``op`` on ``data``."""
     if op == "all_reduce":
         return lambda: colls.all_reduce(data)
     if op == "broadcast":  # the root is a survivor, so the victim only receives
-        root = (victim + 1) % world_size
-        return lambda: colls.broadcast(data, src=root)
+        return lambda: colls.broadcast(data, src=broadcast_root(victim, world_size))
     if op == "barrier":
         return lambda: colls.barrier()
     if op == "recv":
@@ -57,27 +56,34 @@ def _start(op: str, rank: int, world_size: int, victim: int, count: int) -> Any:
     raise ValueError(f"unknown op {op!r}")
 
 
+def broadcast_root(victim: int, world_size: int) -> int:
+    """Return the root of the ``broadcast`` case: the rank after the victim."""
+    return (victim + 1) % world_size
+
+
 def die_during(rank: int, world_size: int, victim: int, op: str, how: str,
                count: int) -> dict[str, Any]:
-    """Everyone runs ``op``; ``victim`` dies inside it; survivors report how they failed.
+    """Everyone runs ``op``; ``victim`` dies inside it; survivors report what happened.
 
-    A survivor whose part of ``op`` does not depend on the victim (a broadcast root) returns;
-    its next call must then fail, and the time counted is up to that failure.
+    The report keeps the call under test apart from the calls after it: ``op`` is its outcome
+    and ``values`` the survivor's buffer after it (rank + 1 everywhere before). A survivor whose
+    part of ``op`` does not need the victim (a broadcast from a survivor) may return; ``next``
+    is then the outcome of its next call, which must fail. ``later`` is one more call on the
+    broken group; ``warm`` the result of the all_reduce that ran before anyone died.
     """
     warm = np.ones(4, dtype=np.float32)
     colls.all_reduce(warm)  # connections and shared memory are up on every rank
     if rank == victim:  # the others are blocked in ``op`` waiting for it when it dies
         time.sleep(VICTIM_DELAY_S)
         _die(how)
-    call = _start(op, rank, world_size, victim, count)
-    result = _outcome(call)
-    if result["type"] is None:  # e.g. a broadcast root: its part did not need the victim
-        later = _outcome(lambda: colls.all_reduce(np.ones(4, dtype=np.float32)))
-        later["elapsed"] += result["elapsed"]
-        result = later
-    result["later"] = _outcome(lambda: colls.all_reduce(np.ones(4, dtype=np.float32)))
-    result["warm"] = float(warm[0])
-    return result
+    data = np.full(count, rank + 1, dtype=np.float32)
+    report: dict[str, Any] = {"op": _outcome(_start(op, rank, world_size, victim, data))}
+    report["values"] = data
+    if report["op"]["type"] is None:
+        report["next"] = _outcome(lambda: colls.all_reduce(np.ones(4, dtype=np.float32)))
+    report["later"] = _outcome(lambda: colls.all_reduce(np.ones(4, dtype=np.float32)))
+    report["warm"] = warm.tolist()
+    return report
 
 
 def store_spreads_failure(rank: int, world_size: int) -> dict[str, Any]:
@@ -111,15 +117,20 @@ def store_host_dies(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def mismatched(rank: int, world_size: int, kind: str, odd: int) -> dict[str, Any]:
-    """Rank ``odd`` calls a different collective than the others; report every rank's fate."""
-    data = np.arange(SMALL, dtype=np.float32) + rank
-    reference = data.copy()
+    """Rank ``odd`` calls a different collective than the others; report every rank's fate.
+
+    ``values`` is the caller's buffer after the call (``mismatch_input(rank)`` before it).
+    """
+    data = mismatch_input(rank)
     call = _mismatched_call(kind, rank, odd, data)
     first = _outcome(call)
     second = _outcome(lambda: colls.barrier())
-    return {"first": first, "second": second,
-            "untouched": bool((data == reference).all()),
-            "values": data.tolist()}
+    return {"first": first, "second": second, "values": data}
+
+
+def mismatch_input(rank: int) -> np.ndarray:
+    """Return rank ``rank``'s buffer before the mismatched call."""
+    return np.arange(SMALL, dtype=np.float32) + rank
 
 
 def _mismatched_call(kind: str, rank: int, odd: int, data: np.ndarray) -> Any:
@@ -155,32 +166,41 @@ def detail_mismatch(rank: int, world_size: int, odd: int) -> dict[str, Any]:
     return {"error": error, "after": ok.tolist(), "untouched": bool((data == 1).all())}
 
 
-def detail_all_ops(rank: int, world_size: int) -> list[float]:
-    """COLLS_DEBUG=detail with correct calls: every op runs with no false alarm."""
+def detail_all_ops(rank: int, world_size: int) -> dict[str, Any]:
+    """COLLS_DEBUG=detail with correct calls: every op runs; return every op's output."""
     n = world_size
     x = np.full(6, rank + 1.0)
     colls.all_reduce(x)
+    got: dict[str, Any] = {"all_reduce": x.copy()}
     colls.broadcast(x, src=1)
+    got["broadcast"] = x.copy()
     colls.reduce(x, dst=2)
+    got["reduce"] = x
     out = [np.zeros(6) for _ in range(n)]
     colls.all_gather(out, np.full(6, float(rank)))
+    got["all_gather"] = out
     flat = np.zeros(6 * n)
     colls.all_gather_into_tensor(flat, np.full(6, float(rank)))
+    got["all_gather_into_tensor"] = flat
     gl = [np.zeros(3) for _ in range(n)] if rank == 0 else None
     colls.gather(np.full(3, float(rank)), gl, dst=0)
+    got["gather"] = gl
     sc = np.zeros(3)
     colls.scatter(sc, [np.full(3, float(r)) for r in range(n)] if rank == 1 else None, src=1)
+    got["scatter"] = sc
     rs = np.zeros(2)
-    colls.reduce_scatter_tensor(rs, np.ones(2 * n))
+    colls.reduce_scatter_tensor(rs, np.arange(2.0 * n) + rank)
+    got["reduce_scatter_tensor"] = rs
     a2a = np.zeros(n * (rank + 1))
     colls.all_to_all_single(a2a, np.full(sum(r + 1 for r in range(n)), float(rank)),
                             output_split_sizes=[rank + 1] * n,
                             input_split_sizes=[r + 1 for r in range(n)])
+    got["all_to_all_single"] = a2a
     colls.barrier()
     objs: list[Any] = [None] * n
     colls.all_gather_object(objs, {"rank": rank})
-    return [float(x[0]), float(sum(o.sum() for o in out)), float(flat.sum()), float(sc[0]),
-            float(rs.sum()), float(a2a.sum()), float(sum(o["rank"] for o in objs))]
+    got["all_gather_object"] = objs
+    return got
 
 
 def timeouts(rank: int, world_size: int) -> dict[str, Any]:

@@ -3,26 +3,56 @@
 The survivors are blocked in a collective or a receive when the victim dies; each must raise a
 colls error naming the dead rank well before any timeout (the group timeout here is 60 s), and
 every later call on the group must raise at once. Ranks that do not talk to the dead one (the
-``recv`` case, a subgroup without the store host) are stopped by the failure spreading.
+``recv`` case, a subgroup without the store host) are stopped by the failure spreading. A
+survivor whose part of the call needs nobody (a broadcast from a survivor) may return instead,
+with exactly the root's values; then its next call must fail.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from fault_helpers import run_faulty
-from fault_workers import VICTIM_DELAY_S, die_during, store_host_dies, store_spreads_failure
+from fault_workers import (
+    VICTIM_DELAY_S,
+    broadcast_root,
+    die_during,
+    store_host_dies,
+    store_spreads_failure,
+)
 
 #: The issue's bound: every other rank raises within this many seconds of the death.
 FAIL_FAST_S = 5.0
-#: A later call on a broken group must fail "at once".
-AT_ONCE_S = 0.5
+#: A later call on a broken group fails "at once": without waiting for any peer, so well
+#: within the group timeout (60 s) even on a loaded machine.
+AT_ONCE_S = 3.0
+#: Ops a survivor may legitimately finish although a rank died: a broadcast from a survivor
+#: reaches every rank the dead one does not relay to. Every other op needs the dead rank.
+MAY_FINISH = frozenset({"broadcast"})
 
 
-def _check_survivors(results: dict, dead: int) -> None:
+def _correct_result(op: str, world_size: int, victim: int, count: int) -> np.ndarray:
+    """Return what a survivor's buffer must hold when its ``op`` returned (NumPy reference)."""
+    assert op == "broadcast", op
+    return np.full(count, broadcast_root(victim, world_size) + 1, dtype=np.float32)
+
+
+def _check_survivors(results: dict, op: str, world_size: int, dead: int, count: int) -> None:
     for rank, got in results.items():
-        assert got["type"] is not None, f"rank {rank}: {got['message']}"
-        assert f"rank {dead}" in got["message"], f"rank {rank}: {got['message']}"
-        assert got["elapsed"] < VICTIM_DELAY_S + FAIL_FAST_S, (rank, got)
+        assert got["warm"] == [float(world_size)] * 4, (rank, got["warm"])
+        under_test = got["op"]
+        if under_test["type"] is None:  # it finished: only where that is legitimate, and exact
+            assert op in MAY_FINISH, f"rank {rank}: {op} returned although rank {dead} died"
+            np.testing.assert_array_equal(
+                got["values"], _correct_result(op, world_size, dead, count),
+                err_msg=f"rank {rank}: {op} returned wrong values")
+            failure = got["next"]
+            elapsed = under_test["elapsed"] + failure["elapsed"]
+        else:
+            failure, elapsed = under_test, under_test["elapsed"]
+        assert failure["type"] == "BackendError", (rank, failure)
+        assert f"rank {dead}" in failure["message"], f"rank {rank}: {failure['message']}"
+        assert elapsed < VICTIM_DELAY_S + FAIL_FAST_S, (rank, elapsed, failure)
         later = got["later"]
         assert later["type"] == "BackendError", (rank, later)
         assert f"rank {dead}" in later["message"], (rank, later)
@@ -34,6 +64,7 @@ CASES = [
     pytest.param("all_reduce", 4, 2, "kill", 16, "1", id="all_reduce-shm-kill"),
     pytest.param("all_reduce", 3, 1, "kill", 1 << 20, "0", id="all_reduce-large-tcp-kill"),
     pytest.param("broadcast", 4, 3, "exit", 16, "1", id="broadcast-shm-exit"),
+    pytest.param("broadcast", 3, 1, "kill", 1 << 20, "0", id="broadcast-large-tcp-kill"),
     pytest.param("barrier", 3, 0, "kill", 16, "0", id="barrier-tcp-kill-store-host"),
     pytest.param("recv", 4, 0, "kill", 16, "1", id="recv-kill-store-host"),
     pytest.param("recv", 3, 2, "exit", 16, "0", id="recv-tcp-exit"),
@@ -46,14 +77,14 @@ def test_every_survivor_raises_naming_the_dead_rank(op, world_size, victim, how,
     results = run_faulty(die_during, world_size, victims=(victim,),
                          args=(victim, op, how, count), env={"COLLS_SHM": shm})
     assert sorted(results) == [r for r in range(world_size) if r != victim]
-    _check_survivors(results, victim)
+    _check_survivors(results, op, world_size, victim, count)
 
 
 @pytest.mark.timeout(90)
 def test_a_failure_spreads_through_the_store_to_ranks_not_talking_to_it():
     results = run_faulty(store_spreads_failure, 4, victims=())
     assert results[2]["type"] == "CollsTimeoutError"  # rank 2's own, first-hand error
-    assert results[2]["elapsed"] == pytest.approx(2.0, abs=1.0)
+    assert 2.0 * 0.9 <= results[2]["elapsed"] < 2.0 + FAIL_FAST_S, results[2]
     for rank in (0, 1):  # their timeout is 60 s: only rank 2's record can stop them
         got = results[rank]
         assert got["type"] == "BackendError", got

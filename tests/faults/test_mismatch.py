@@ -9,20 +9,64 @@ next call at the latest (a broadcast root, whose part needs nobody, may return f
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import pytest
 from fault_helpers import run_faulty
-from fault_workers import detail_all_ops, detail_mismatch, mismatched
+from fault_workers import detail_all_ops, detail_mismatch, mismatch_input, mismatched
 
 #: Every rank raises within this many seconds (the group timeout is 60 s).
 FAIL_FAST_S = 5.0
+WORLD = 4
+ODD = 2
+#: (kind of mismatch, COLLS_SHM): each kind on the tcp message path and on shared memory.
+CASES = [(kind, shm) for kind in ("op", "dtype", "size", "root") for shm in ("0", "1")]
+#: The message path's in-place all_reduce (recursive doubling) leaves the partial sum of the
+#: ranks that exchanged before the mismatch was found in their buffers (seen: ranks 0 and 1
+#: hold inputs 0 + 1). The test states the promise; these cases fail it until the code keeps
+#: the caller's buffer untouched on failure.
+PARTIAL_SUM_LEFT = pytest.mark.xfail(
+    strict=True, reason="colls bug: a failed in-place all_reduce on the tcp message path leaves "
+    "a partial sum in the caller's buffer")
+
+
+@functools.cache
+def _run_mismatch(kind: str, shm: str) -> dict:
+    """Run one mismatch on WORLD ranks (once per session: two tests read the outcome)."""
+    return run_faulty(mismatched, WORLD, victims=(), args=(kind, ODD), env={"COLLS_SHM": shm})
+
+
+def _own_result(kind: str, rank: int) -> np.ndarray:
+    """Return the NumPy result of this rank's own call, as if every rank had made it."""
+    inputs = [mismatch_input(r) for r in range(WORLD)]
+    mine = rank == ODD
+    if kind == "op":  # the odd rank broadcasts from rank 0, the others all_reduce
+        return inputs[0].copy() if mine else np.sum(inputs, axis=0, dtype=np.float32)
+    if kind == "dtype":  # the odd rank all_reduces the same bytes as int32 (wrapping)
+        if mine:
+            ints = np.sum([i.view(np.int32) for i in inputs], axis=0, dtype=np.int32)
+            return ints.view(np.float32)
+        return np.sum(inputs, axis=0, dtype=np.float32)
+    if kind == "size":  # the odd rank all_reduces all but the last element
+        out = inputs[rank].copy()
+        stop = -1 if mine else None
+        out[:stop] = np.sum([i[:stop] for i in inputs], axis=0, dtype=np.float32)
+        return out
+    if kind == "root":  # the odd rank broadcasts from rank 1, the others from rank 0
+        return inputs[1 if mine else 0].copy()
+    raise ValueError(kind)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool((a.view(np.uint32)
+                                                               == b.view(np.uint32)).all())
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize(("kind", "shm"), [
-    ("op", "0"), ("op", "1"), ("dtype", "0"), ("size", "1"), ("root", "0"),
-])
+@pytest.mark.parametrize(("kind", "shm"), CASES)
 def test_mismatched_calls_raise_on_every_rank(kind, shm):
-    results = run_faulty(mismatched, 4, victims=(), args=(kind, 2), env={"COLLS_SHM": shm})
+    results = _run_mismatch(kind, shm)
     for rank, got in results.items():
         first, second = got["first"], got["second"]
         raised = first if first["type"] is not None else second
@@ -30,10 +74,30 @@ def test_mismatched_calls_raise_on_every_rank(kind, shm):
         assert "mismatch" in raised["message"] or "different collective" in raised["message"], (
             rank, raised)
         assert first["elapsed"] + second["elapsed"] < FAIL_FAST_S, (rank, got)
-        if first["type"] is None:  # returned: its data must be exactly its own call's result
-            assert kind == "root" and rank != 2, (rank, got)
-        if kind == "op" and rank == 2:
-            assert got["untouched"], "the odd rank's broadcast must not take all_reduce bytes"
+        if first["type"] is None:  # returned: only a broadcast that needed nobody odd, exactly
+            assert kind == "root" and rank != ODD, (rank, got)
+            np.testing.assert_array_equal(got["values"], _own_result(kind, rank),
+                                          err_msg=f"rank {rank} returned wrong values")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("kind", "shm"), [
+    pytest.param(kind, shm, marks=PARTIAL_SUM_LEFT) if shm == "0" and kind != "root"
+    else (kind, shm) for kind, shm in CASES])
+def test_a_rank_that_raises_keeps_its_input_or_its_result(kind, shm):
+    """Never a mix: no receive took another collective's bytes, no half-done reduction.
+
+    Nobody else makes the odd rank's call, so its buffer must be its input. The others may
+    hold their own call's correct result (a broadcast can reach a rank before the failure).
+    """
+    for rank, got in _run_mismatch(kind, shm).items():
+        if got["first"]["type"] is None:
+            continue  # returned: checked exactly above
+        values = got["values"]
+        allowed = [mismatch_input(rank)] + ([] if rank == ODD else [_own_result(kind, rank)])
+        assert any(_same_bits(values, a) for a in allowed), (
+            f"rank {rank} raised and left neither its input nor its own call's result: "
+            f"{values.tolist()}")
 
 
 @pytest.mark.timeout(90)
@@ -42,6 +106,8 @@ def test_tcp_mismatch_message_names_both_collectives():
     message = results[2]["first"]["message"]
     assert "mismatched collectives: collective #0 is broadcast on this rank but all_reduce on " \
            "rank" in message, message
+    np.testing.assert_array_equal(results[2]["values"], mismatch_input(2),
+                                  err_msg="the broadcast took all_reduce bytes")
 
 
 @pytest.mark.timeout(90)
@@ -61,7 +127,25 @@ def test_debug_detail_names_the_rank_and_the_fields_then_recovers(shm):
 
 @pytest.mark.timeout(90)
 def test_debug_detail_accepts_correct_calls_of_every_op():
-    results = run_faulty(detail_all_ops, 3, victims=(), env={"COLLS_DEBUG": "detail"})
+    n = 3
+    results = run_faulty(detail_all_ops, n, victims=(), env={"COLLS_DEBUG": "detail"})
+    summed = np.full(6, sum(r + 1.0 for r in range(n)))
     for rank, got in results.items():
-        assert got[1:3] == [18.0, 18.0] and got[3] == rank and got[6] == 3.0, got
-        assert got[5] == 3.0 * (rank + 1), got
+        np.testing.assert_array_equal(got["all_reduce"], summed)
+        np.testing.assert_array_equal(got["broadcast"], summed)  # rank 1's, the same sum
+        # reduce into rank 2; other ranks' buffers are left unchanged (docs/api.md)
+        np.testing.assert_array_equal(got["reduce"], summed * n if rank == 2 else summed)
+        gathered = [np.full(6, float(r)) for r in range(n)]
+        np.testing.assert_array_equal(got["all_gather"], gathered)
+        np.testing.assert_array_equal(got["all_gather_into_tensor"], np.concatenate(gathered))
+        if rank == 0:
+            np.testing.assert_array_equal(got["gather"], [np.full(3, float(r)) for r in range(n)])
+        else:
+            assert got["gather"] is None
+        np.testing.assert_array_equal(got["scatter"], np.full(3, float(rank)))
+        inputs = [np.arange(2.0 * n) + r for r in range(n)]
+        np.testing.assert_array_equal(got["reduce_scatter_tensor"],
+                                      np.sum(inputs, axis=0)[2 * rank:2 * rank + 2])
+        np.testing.assert_array_equal(got["all_to_all_single"],
+                                      np.repeat(np.arange(float(n)), rank + 1))
+        assert got["all_gather_object"] == [{"rank": r} for r in range(n)]

@@ -15,7 +15,9 @@ import pytest
 from fault_helpers import run_faulty
 from fault_workers import monitored, timeouts
 
-SLACK_S = 1.5
+#: How late past its limit a timeout may fire on a loaded machine (the limits are 0.3 and 1 s;
+#: the patient group's 60 s is what a missed timeout would cost).
+SLACK_S = 3.0
 
 
 def _mpi_missing() -> str | None:
