@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from threaded_world import ThreadComm, ThreadedWorld, run_ranks
 
 from colls import dtypes
 from colls.reduce_ops import ReduceSpec, resolve_op
-from threaded_world import ThreadComm, ThreadedWorld, run_ranks
 
 #: The tag every test collective uses (collective tags are negative).
 TAG = -7

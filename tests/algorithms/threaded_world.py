@@ -38,7 +38,6 @@ from colls.errors import BackendError
 from colls.options import BackendOptions
 from colls.work import Work
 
-
 #: Byte written over every posted receive buffer (0b10100101: odd, negative, NaN-ish).
 POISON = 0xA5
 
