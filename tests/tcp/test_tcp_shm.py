@@ -121,6 +121,24 @@ def _dev_shm() -> set[str]:
     return {n for n in names if not n.startswith(("sem.", "mpich"))}
 
 
+def _segment_inodes(pid: int) -> set[int]:
+    """Return the inodes of the colls segments process ``pid`` maps (from /proc/PID/maps)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return {int(line.split()[4]) for line in maps if "colls-tcp-shm" in line}
+
+
+def _mapped_anywhere(inodes: set[int]) -> set[int]:
+    """Return which of ``inodes`` some process on this host still maps."""
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found |= _segment_inodes(int(entry)) & inodes
+            except OSError:  # it exited meanwhile, or is not ours to read
+                continue
+    return found
+
+
 @pytest.mark.timeout(120)
 def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast():
     before = _dev_shm()
@@ -138,6 +156,8 @@ def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast():
                                                             ("ready", 1, True, 3.0)]
         assert all(r[4] >= 2 for r in ready), ready  # own segment and the peer's are mapped
         assert _dev_shm() - before == set(), "segments must not have names in /dev/shm"
+        segments = [_segment_inodes(p.pid) for p in procs]
+        assert segments[0] == segments[1] and len(segments[0]) == 2, segments  # both, by both
         time.sleep(0.5)  # rank 0 is now blocked in a shared-memory barrier
         killed_at = time.time()
         os.kill(procs[1].pid, signal.SIGKILL)
@@ -154,8 +174,9 @@ def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast():
             if p.is_alive():
                 p.kill()
     assert _dev_shm() - before == set()
-    for p in procs:  # the kernel freed every mapping with the processes
-        assert not os.path.exists(f"/proc/{p.pid}/maps") or p.exitcode is not None
+    assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 2
+    # the kernel freed the segments with the processes: no process maps them any more
+    assert _mapped_anywhere(segments[0]) == set()
 
 
 def test_segment_is_anonymous_and_peers_map_it_read_only():
