@@ -46,6 +46,6 @@ def colls_backends() -> list[BackendSpec]:
     ``available`` check and ``create`` factory, not at module import.
 
     Returns:
-        A list of :class:`colls.backend.BackendSpec`, each with a unique ``name``. Two plugins
-        returning the same name is an error reported when that name is used.
+        The plugin's ``colls.backend.BackendSpec`` objects, each with a unique ``name``. Two
+        plugins returning the same name is an error reported when that name is used.
     """
