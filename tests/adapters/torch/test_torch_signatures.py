@@ -6,14 +6,16 @@ kinds, order and default values are.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 
 import pytest
 
 torch = pytest.importorskip("torch")
+import colls_torch as C  # noqa: E402
 import torch.distributed as T  # noqa: E402
 
-import colls_torch as C  # noqa: E402
+import colls  # noqa: E402
 
 #: Every function the issue lists, plus the torch 2.x extras colls_torch covers.
 FUNCTIONS = """
@@ -60,14 +62,62 @@ def test_p2pop_constructor_matches_torch():
     assert _shape(C.P2POp.__init__) == _shape(T.P2POp.__init__)
 
 
+#: Exported objects that are torch's own, so that isinstance checks and except clauses written
+#: against either module hold for both.
+TORCH_OWN = "ReduceOp reduce_op DistError DistBackendError DistNetworkError DistStoreError".split()
+#: colls' stores (DESIGN.md: torch's Store API); each method name is also torch's.
+STORES = "Store TCPStore FileStore HashStore PrefixStore".split()
+STORE_API = "set get add compare_set wait check delete_key num_keys set_timeout timeout".split()
+#: torch's backend names, which colls_torch's Backend spells the same.
+BACKEND_NAMES = "UNDEFINED GLOO NCCL UCC MPI XCCL".split()
+#: Each name of CLASSES_AND_OBJECTS and the test below that checks what it is.
+CHECKED_BY = {
+    **dict.fromkeys(TORCH_OWN, "test_torch_own_objects_are_shared"),
+    **dict.fromkeys(STORES, "test_stores_have_torchs_store_api"),
+    "Backend": "test_backend_spells_torchs_names",
+    "group": "test_group_sentinels_are_colls_own",
+    "GroupMember": "test_group_sentinels_are_colls_own",
+    "P2POp": "test_p2pop_constructor_matches_torch",
+    "Work": "test_work_is_a_torch_work",
+    "default_pg_timeout": "test_default_pg_timeout_is_torchs",
+}
+
+
 @pytest.mark.parametrize("name", CLASSES_AND_OBJECTS)
-def test_name_is_exported(name):
-    assert name in C.__all__ and getattr(C, name) is not None
+def test_name_is_exported_and_checked(name):
+    assert name in C.__all__
+    assert CHECKED_BY[name] in globals(), f"{name}: no test checks what it is"
 
 
-def test_reduce_ops_are_torchs_own_objects():
-    assert C.ReduceOp is T.ReduceOp and C.reduce_op is T.reduce_op
-    assert C.DistBackendError is T.DistBackendError and C.DistStoreError is T.DistStoreError
+@pytest.mark.parametrize("name", TORCH_OWN)
+def test_torch_own_objects_are_shared(name):
+    assert getattr(C, name) is getattr(T, name)
+
+
+@pytest.mark.parametrize("name", STORES)
+def test_stores_have_torchs_store_api(name):
+    store = getattr(C, name)
+    assert issubclass(store, C.Store) and issubclass(store, colls.Store)
+    missing = [m for m in STORE_API if not callable(getattr(store, m, None))
+               and not isinstance(getattr(store, m, None), property)]
+    assert not missing, f"colls_torch.{name} lacks {missing}"
+    assert all(hasattr(getattr(T, name), m) for m in STORE_API)  # the names are torch's
+
+
+def test_backend_spells_torchs_names():
+    assert [getattr(C.Backend, n) for n in BACKEND_NAMES] == [
+        getattr(T.Backend, n) for n in BACKEND_NAMES]
+    assert C.Backend("GLOO") == T.Backend("GLOO") == "gloo"
+
+
+def test_group_sentinels_are_colls_own():
+    assert C.group.WORLD is C.GroupMember.WORLD is colls.group.WORLD
+    assert C.GroupMember.NON_GROUP_MEMBER is colls.GroupMember.NON_GROUP_MEMBER
+    assert C.GroupMember.NON_GROUP_MEMBER is not C.GroupMember.WORLD
+
+
+def test_default_pg_timeout_is_torchs():
+    assert C.default_pg_timeout == T.default_pg_timeout == datetime.timedelta(minutes=30)
 
 
 def test_work_is_a_torch_work():
