@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 
@@ -147,10 +148,18 @@ def test_unresolvable_master_addr_is_a_usage_error(script, capsys):
 
 def test_find_free_port_returns_a_bindable_port():
     port = find_free_port("127.0.0.1")
-    import socket
-
+    assert isinstance(port, int) and 1 <= port <= 65535
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+        sock.listen()
+        assert sock.getsockname() == ("127.0.0.1", port)
+
+
+def test_find_free_port_on_an_address_of_another_host_names_it():
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): it resolves, but no host of ours has it
+    with pytest.raises(ValueError, match=r"cannot bind a free port on --master-addr "
+                                         r"'192\.0\.2\.1' \(pass --master-port explicitly"):
+        find_free_port("192.0.2.1")
 
 
 # --- worker command and environment --------------------------------------------------------------

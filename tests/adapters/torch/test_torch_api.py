@@ -11,16 +11,16 @@ import datetime
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as T  # noqa: E402
-from ct_pool import free_port, run_fresh  # noqa: E402
-
-import colls  # noqa: E402
 import colls_torch as C  # noqa: E402
-from colls import errors  # noqa: E402
-from colls.reduce_ops import PremulSum, RedOpType  # noqa: E402
+import torch.distributed as T  # noqa: E402
 from colls_torch import _errors, _ops  # noqa: E402
 from colls_torch._stores import TorchStore  # noqa: E402
 from colls_torch._tensors import Staging  # noqa: E402
+from ct_pool import free_port, run_fresh  # noqa: E402
+
+import colls  # noqa: E402
+from colls import errors  # noqa: E402
+from colls.reduce_ops import PremulSum, RedOpType  # noqa: E402
 
 # -- the error table ---------------------------------------------------------------------------
 
@@ -93,10 +93,37 @@ def test_op_dtype_rules(op, dtype, fn, error):
         _ops.check_reduction(op, dtype, fn)
 
 
-def test_allowed_op_dtype_pairs_pass():
-    for op, dtype in [("SUM", torch.bool), ("BAND", torch.bool), ("AVG", torch.bfloat16),
-                      ("PRODUCT", torch.complex64)]:
-        _ops.check_reduction(op, dtype, "reduce")
+#: (op, inputs of rank 0 and rank 1, expected result): pairs the rules allow, on values exact
+#: in their dtype. bool SUM is OR, as in torch; colls multiplies complex numbers correctly.
+ALLOWED_PAIRS = [
+    ("SUM", torch.tensor([True, False, False]), torch.tensor([True, True, False]),
+     torch.tensor([True, True, False])),
+    ("BAND", torch.tensor([True, False, True]), torch.tensor([True, True, False]),
+     torch.tensor([True, False, False])),
+    ("AVG", torch.tensor([1.0, 2.0, -3.0, 0.5], dtype=torch.bfloat16),
+     torch.tensor([3.0, 2.0, 1.0, 0.5], dtype=torch.bfloat16),
+     torch.tensor([2.0, 2.0, -1.0, 0.5], dtype=torch.bfloat16)),
+    ("PRODUCT", torch.tensor([1 + 2j, -1j], dtype=torch.complex64),
+     torch.tensor([3 - 1j, 2 + 0j], dtype=torch.complex64),
+     torch.tensor([5 + 5j, -2j], dtype=torch.complex64)),
+]
+
+
+def _reduce_allowed_pairs(rank: int, size: int) -> list[torch.Tensor]:
+    C.init_process_group("gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    out = []
+    for op, first, second, _ in ALLOWED_PAIRS:
+        t = (first if rank == 0 else second).clone()
+        C.reduce(t, 0, op=getattr(T.ReduceOp, op))
+        out.append(t)
+    C.destroy_process_group()
+    return out
+
+
+def test_allowed_op_dtype_pairs_reduce_correctly():
+    at_root, _ = run_fresh(_reduce_allowed_pairs, 2)
+    for (op, _, _, expected), got in zip(ALLOWED_PAIRS, at_root, strict=True):
+        assert got.dtype == expected.dtype and torch.equal(got, expected), (op, got, expected)
 
 
 # -- Backend, availability -----------------------------------------------------------------------
