@@ -14,6 +14,11 @@ A ReduceSpec applies the op with NumPy ufuncs, in place, with no Python loop ove
 Semantics follow torch/NCCL: integers wrap on overflow, MIN/MAX propagate NaN, bool SUM/MAX/BOR
 are logical or, PRODUCT/MIN/BAND logical and, BXOR logical xor. bfloat16 travels as uint16 words
 and is reduced through float32 with round-to-nearest-even, as torch does.
+
+Floating-point arithmetic gives the IEEE result without a word, as torch does: every kernel that
+computes on floating or complex values runs under :data:`_IEEE`, so overflow to inf, inf - inf,
+0 * inf and underflow neither warn nor raise, whatever ``np.seterr`` the caller set. (Integer
+array arithmetic never signals: it wraps; AVG on integers is refused before any byte moves.)
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ __all__ = ["PremulSum", "ReduceOp", "ReduceSpec", "make_premul_sum", "resolve_op
 # bfloat16 is reduced through float32 in blocks of this many elements: the float32 temporaries
 # stay cache-sized and memory use stays bounded however large the message is.
 _BF16_BLOCK: Final = 1 << 16
+
+#: The floating-point error state of every floating kernel: IEEE results, no warnings, no raises
+#: (torch's reductions are silent). A decorator, because it costs a third of the ``with`` form.
+_IEEE: Final = np.errstate(all="ignore")
 
 
 class RedOpType(enum.Enum):
@@ -144,9 +153,12 @@ class ReduceSpec:
     _ufunc: Any = field(default=None, repr=False, compare=False)
     #: ``kind.name``, read on every call (an Enum's ``name`` is a slow descriptor).
     name: str = field(init=False, repr=False, compare=False)
+    #: Whether the values are floating or complex (their arithmetic runs under ``_IEEE``).
+    _floating: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", self.kind.name)
+        object.__setattr__(self, "_floating", self.dtype.is_floating or self.dtype.is_complex)
 
     @property
     def modifies_input(self) -> bool:
@@ -157,6 +169,8 @@ class ReduceSpec:
         """Set ``acc = acc (op) other`` in place (both 1-D arrays of the holding dtype)."""
         if self.dtype is dtypes.BFLOAT16:
             _bf16_apply(self._ufunc, acc, other)
+        elif self._floating:
+            _float_apply(self._ufunc, acc, other)
         else:
             self._ufunc(acc, other, out=acc)
 
@@ -187,6 +201,13 @@ class ReduceSpec:
         return acc
 
 
+@_IEEE
+def _float_apply(ufunc: Any, acc: np.ndarray, other: np.ndarray) -> None:
+    """Set ``acc = ufunc(acc, other)`` in place on floating or complex values."""
+    ufunc(acc, other, out=acc)
+
+
+@_IEEE
 def _bf16_apply(ufunc: Any, acc: np.ndarray, other: Any) -> None:
     """Apply a binary ufunc to bfloat16 words through float32, rounding once per element."""
     if not acc.flags.c_contiguous:  # reshape would copy, and the result would be lost
@@ -216,6 +237,7 @@ def _bf16_scalar(value: float) -> np.float32:
 _COMPLEX_PARTS: Final = {"complex64": np.float32, "complex128": np.float64}
 
 
+@_IEEE
 def _scale(array: np.ndarray, dtype: DType, scalar: Any, ufunc: Any) -> None:
     """Multiply or divide in place by a scalar held in the array's precision."""
     if dtype is dtypes.BFLOAT16:
