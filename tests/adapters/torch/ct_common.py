@@ -6,6 +6,10 @@ with torch.distributed bound to a group of the ``colls`` c10d backend (the "c10d
 freshly built, identical inputs. The *outcome* of each run is compared: the value the body
 returns (tensors compared exactly, with dtype and shape), or the exception type if it raised.
 So the same code checks results, return values and the exception types of misuse.
+
+Each check also states the outcome it expects: that the body returns (the default), or which
+exception type it raises. The reference must give that outcome, so a scenario with a bug of its
+own (a body that raises where it should return) fails even when both sides raise alike.
 """
 
 from __future__ import annotations
@@ -15,10 +19,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import colls_torch as C
 import torch
 import torch.distributed as T
-
-import colls_torch as C
 
 MODULES = (T, C)
 
@@ -127,12 +130,16 @@ def noncontiguous(dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tensor:
     return t
 
 
-def outcome(body: Callable[[], Any]) -> tuple[str, Any]:
-    """Return ("ok", value) or ("raised", exception type name)."""
+def outcome(body: Callable[[], Any]) -> tuple[str, Any, str]:
+    """Return ("ok", value, "") or ("raised", exception type name, message).
+
+    Outcomes are compared without the message (torch's and colls' wordings differ); it is
+    kept for the report.
+    """
     try:
-        return ("ok", body())
+        return ("ok", body(), "")
     except Exception as exc:  # the type is what is compared
-        return ("raised", type(exc).__name__)
+        return ("raised", type(exc).__name__, str(exc))
 
 
 def _equal(a: Any, b: Any, close: bool = False) -> bool:
@@ -165,11 +172,24 @@ class Checker:
                                  f"  colls: {colls_out!r}")
 
     def both(self, label: str, body: Callable[[Any, Any], Any], groups: tuple[Any, Any]
-             = (None, None), close: bool = False) -> None:
-        """Run ``body(dist, group)`` with torch.distributed and colls_torch; compare outcomes."""
-        outs = [outcome(lambda m=m, g=g: body(m, g)) for m, g in zip(self.modules, groups,
-                                                                     strict=True)]
-        self.same(label, *outs, close=close)
+             = (None, None), close: bool = False, raises: str | None = None) -> None:
+        """Run ``body(dist, group)`` with torch.distributed and colls_torch; compare outcomes.
+
+        Args:
+            raises: the exception type name the body must raise, or None if it must return.
+                The reference side must do what is stated; then colls_torch must match it.
+        """
+        ref, checked = (outcome(lambda m=m, g=g: body(m, g))
+                        for m, g in zip(self.modules, groups, strict=True))
+        expected = "return" if raises is None else f"raise {raises}"
+        got = "return" if ref[0] == "ok" else f"raise {ref[1]}"
+        if got != expected:
+            self.count += 1
+            self.failures.append(
+                f"rank {self.rank} {label}: the scenario expects it to {expected}, but torch "
+                f"did {got} {ref[2]!r} (colls: {checked[0]} {checked[1]!r} {checked[2]!r})")
+            return
+        self.same(label, ref[:2], checked[:2], close=close)
 
     def check(self, label: str, condition: bool, detail: str = "") -> None:
         """Record a plain assertion."""

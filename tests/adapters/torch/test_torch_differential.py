@@ -2,15 +2,17 @@
 
 Every scenario runs inside the same worker processes for both libraries and compares outputs
 exactly (dtype, shape, values), return values, Work behaviour and, for misuse, exception types.
-See ct_collectives.py, ct_p2p_groups.py and ct_misuse.py for the scenarios.
+Each check states whether it returns or raises (and what), and torch must do what it states, so
+both sides raising alike where a return is expected is a failure. See ct_collectives.py,
+ct_p2p_groups.py and ct_misuse.py for the scenarios.
 """
 
 from __future__ import annotations
 
-import pytest
 import ct_collectives as cc
 import ct_misuse as cm
 import ct_p2p_groups as cp
+import pytest
 from ct_common import assert_all_passed
 
 pytestmark = pytest.mark.timeout(240)
