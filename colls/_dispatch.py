@@ -20,7 +20,7 @@ from colls.health import label
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import ReduceSpec, resolve_op
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD
-from colls.work import Work
+from colls.work import Work, seconds
 
 NOT_INITIALIZED = (
     "Default process group has not been initialized, please make sure to call "
@@ -238,13 +238,33 @@ def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
     return spec
 
 
+def call_timeout(timeout: Any, *, op: str) -> float | None:
+    """Return a per-call ``timeout`` (seconds or a timedelta) in seconds; None: the group's.
+
+    Raises:
+        TypeError: ``timeout`` is neither a number nor a timedelta.
+        ValueError: ``timeout`` is not positive.
+    """
+    try:
+        limit = seconds(timeout)
+    except TypeError as exc:
+        raise TypeError(f"{op} on rank {my_rank()}: {exc}") from None
+    if limit is not None and not limit > 0:
+        raise ValueError(f"{op} on rank {my_rank()}: timeout must be positive, got {timeout!r}")
+    return limit
+
+
 # -- submission ---------------------------------------------------------------------------------
 
 
 def submit(
-    pg: ProcessGroup, op: str, job: Callable[[int], Any], *, async_op: bool
+    pg: ProcessGroup, op: str, job: Callable[[int], Any], *, async_op: bool,
+    timeout: float | None = None,
 ) -> Work | None:
     """Run ``job(tag)`` as the next collective of ``pg``; return a Work if ``async_op``.
+
+    ``timeout`` (seconds) replaces the group's as the Work's default wait, for a call that
+    bounds its own job by it (a barrier with a timeout).
 
     A broken group raises at once. The tag carries the call's sequence number and signature
     (:mod:`colls.fingerprint`), so mismatched calls across ranks never exchange data; with
@@ -283,4 +303,4 @@ def submit(
         finally:
             health.end()
 
-    return pg.run(run, op=op, async_op=async_op)
+    return pg.run(run, op=op, async_op=async_op, timeout=timeout)

@@ -7,12 +7,13 @@ contiguous 1-D arrays and writes staged results back. All checking lives in :mod
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import numpy as np
 
 from colls import _dispatch as d
-from colls import buffers
+from colls import algorithms, buffers
 from colls.buffers import Buffer
 from colls.reduce_ops import ReduceOp
 from colls.work import Work
@@ -300,9 +301,39 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     return d.submit(pg, name, job, async_op=async_op)
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Work | None:
-    """Return once every rank of the group has called barrier (``device_ids`` is ignored)."""
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
+            timeout: float | datetime.timedelta | None = None) -> Work | None:
+    """Return once every rank of the group has called barrier (``device_ids`` is ignored).
+
+    Without ``timeout`` the backend's own barrier runs, bounded by the group's timeout. With it
+    (seconds or a timedelta, shorter or longer than the group's), the barrier runs the
+    dissemination algorithm over the backend's point-to-point, every wait bounded by
+    ``timeout``; running past it fails the call with CollsTimeoutError and breaks the group, as
+    the group's timeout does. The two paths exchange different messages: every rank of one
+    barrier must pass a timeout, or none.
+    """
     pg = d.resolve_group(group)
     if pg is None:
         return None
-    return d.submit(pg, "barrier", pg.backend.barrier, async_op=async_op)
+    limit = d.call_timeout(timeout, op="barrier")
+    if limit is None:
+        return d.submit(pg, "barrier", pg.backend.barrier, async_op=async_op)
+    bounded = _WithTimeout(pg.backend, limit)
+
+    def job(tag: int) -> None:
+        algorithms.barrier(bounded, tag)
+
+    return d.submit(pg, "barrier", job, async_op=async_op, timeout=limit)
+
+
+class _WithTimeout:
+    """A backend whose ``timeout`` is one call's: what :mod:`colls.algorithms` waits with."""
+
+    __slots__ = ("_backend", "timeout")
+
+    def __init__(self, backend: Any, timeout: float) -> None:
+        self._backend = backend
+        self.timeout = timeout
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)  # rank, world_size, isend, irecv, poll, ...

@@ -74,17 +74,18 @@ class ProcessGroup:
         """Return the tag of the next collective: negative, unique, same sequence on every rank."""
         return collective_tag(self.next_sequence(), 0)
 
-    def run(self, job: Callable[[], Any], *, op: str, async_op: bool) -> Work | None:
+    def run(self, job: Callable[[], Any], *, op: str, async_op: bool,
+            timeout: float | None = None) -> Work | None:
         """Run a collective ``job`` (an ``op``) in this group's call order.
 
         Returns a Work when ``async_op`` is true; otherwise waits (re-raising failures) and
-        returns None.
+        returns None. The Work waits ``timeout`` seconds by default (None: the group's timeout).
         """
         if not async_op and self._executor.try_run_inline(job):
             return None  # the latency path: no Work, no Future, no thread hand-off
         work = Work(
             description=f"{op} on group {self.name!r} (rank {self.rank} of {self.size})",
-            default_timeout=self.timeout,
+            default_timeout=self.timeout if timeout is None else timeout,
         )
         self.health.track(work)  # fails at once if the group breaks meanwhile
         self._executor.submit(job, work)
