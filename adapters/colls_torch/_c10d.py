@@ -42,7 +42,6 @@ from colls import env, plugin_manager
 from colls.options import BackendOptions
 from colls.process_group import ProcessGroup
 from colls.work import all_done
-
 from colls_torch._errors import backend_call, translated
 from colls_torch._ops import check_reduction, to_colls
 from colls_torch._stores import as_colls_store
@@ -333,8 +332,15 @@ class ProcessGroupColls(_dist.ProcessGroup):
                       output_tensors, True)
 
     def barrier(self, opts: Any = None) -> Work:
-        """Return a Work that completes once every rank has entered the barrier."""
-        return submit(self._staging(), lambda a: colls.barrier(group=self._group, async_op=a),
+        """Return a Work that completes once every rank has entered the barrier.
+
+        ``opts.timeout``, when set (torch's ``barrier(timeout=...)``), bounds this barrier.
+        """
+        timeout = getattr(opts, "timeout", None)
+        if timeout is not None and timeout <= datetime.timedelta(0):
+            timeout = None  # BarrierOptions' "unset" value (-1 ms): the group's timeout
+        return submit(self._staging(),
+                      lambda a: colls.barrier(group=self._group, async_op=a, timeout=timeout),
                       [], True)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 import colls
-
 from colls_torch import _groups
 from colls_torch._errors import boundary, translated
 from colls_torch._ops import ReduceOp, check_reduction, to_colls
@@ -260,19 +259,16 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 @boundary
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
             timeout: datetime.timedelta | None = None) -> Work | None:
-    """Return once every rank of the group has called barrier (``device_ids`` is ignored)."""
+    """Return once every rank of the group has called barrier (``device_ids`` is ignored).
+
+    ``timeout`` bounds this barrier instead of the group's timeout (colls.barrier's per-call
+    timeout: every rank of one barrier passes a timeout, or none).
+    """
     pg = _groups.member(group, "barrier")
     if pg is None:
         return None
-    st = _staging(pg)
-    if timeout is None:
-        return submit(st, lambda a: colls.barrier(group=pg, async_op=a), [], async_op)
-    work = submit(st, lambda a: colls.barrier(group=pg, async_op=a), [], True)
-    if async_op:
-        return work
-    assert work is not None  # async submit always returns a Work
-    work.wait(timeout)
-    return None
+    return submit(_staging(pg),
+                  lambda a: colls.barrier(group=pg, async_op=a, timeout=timeout), [], async_op)
 
 
 @boundary
