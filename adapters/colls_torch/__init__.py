@@ -27,7 +27,6 @@ import torch.distributed as _dist
 
 from colls.process_group import ProcessGroup
 from colls.rendezvous import register_rendezvous_handler
-
 from colls_torch._c10d import ProcessGroupColls, register
 from colls_torch._collectives import (
     all_gather,

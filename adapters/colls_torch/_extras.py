@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 import colls
-
 from colls_torch import _groups
 from colls_torch._errors import boundary
 from colls_torch._ops import ReduceOp, check_reduction, to_colls

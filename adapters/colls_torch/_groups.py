@@ -24,7 +24,6 @@ from colls import _dispatch
 from colls.plugin_manager import ALIASES
 from colls.process_group import ProcessGroup
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD, GroupMember, group
-
 from colls_torch._errors import boundary
 
 #: The backend name each live group was created with, as the user spelled it ("gloo" stays

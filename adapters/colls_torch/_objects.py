@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import colls
-
 from colls_torch import _groups
 from colls_torch._errors import boundary
 

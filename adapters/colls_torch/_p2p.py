@@ -16,7 +16,6 @@ import torch
 import torch.distributed as _dist
 
 import colls
-
 from colls_torch import _groups
 from colls_torch._errors import boundary
 from colls_torch._submit import submit

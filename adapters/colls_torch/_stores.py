@@ -19,14 +19,13 @@ from typing import Any, Final, TypeVar, final
 
 import torch.distributed as _dist
 
+from colls.errors import StoreError
 from colls.store import FileStore as _FileStore
 from colls.store import HashStore as _HashStore
 from colls.store import PrefixStore as _PrefixStore
 from colls.store import Store
 from colls.store import TCPStore as _TCPStore
-from colls.errors import StoreError
 from colls.store.base import timeout_error, to_seconds
-
 from colls_torch._errors import store_error_from_torch, translated
 
 T = TypeVar("T")

@@ -16,7 +16,6 @@ import torch
 
 import colls
 from colls.work import chain
-
 from colls_torch._errors import backend_call
 from colls_torch._tensors import Staging
 from colls_torch._work import Work

@@ -19,7 +19,6 @@ import torch.distributed as _dist
 from torch.futures import Future
 
 import colls
-
 from colls_torch._errors import to_torch, translated
 
 _NO_TIMEOUT = datetime.timedelta(0)  # torch's kNoTimeout: "use the default"
