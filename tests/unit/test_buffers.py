@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import array
-import timeit
+import contextlib
+import importlib.util
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from colls.buffers import (
 )
 from colls.dtypes import DTYPES, DType
 from colls.testing.arrays import (
+    ArrayLibrary,
     CtypesDLPackArray,
     array_libraries,
     live_exports,
@@ -150,19 +152,6 @@ def test_unsupported_numpy_dtype_message(bad: np.ndarray) -> None:
     message = str(info.value)
     assert message.startswith("all_reduce: argument 'tensor' on rank 1 (numpy.ndarray): ")
     assert "colls supports: bool, int8" in message
-
-
-def test_numpy_fast_path_is_cheap() -> None:
-    data = np.zeros(1000, np.float32)
-    calls = 2000
-    best = min(
-        timeit.repeat(
-            lambda: as_buffer(data, writable=True, arg="tensor", op="all_reduce", rank=0),
-            number=calls,
-            repeat=5,
-        )
-    )
-    assert best / calls < 30e-6  # a few microseconds normally; generous for a loaded machine
 
 
 # --- Buffer protocol ----------------------------------------------------------------------
@@ -437,24 +426,54 @@ def test_cuda_without_cupy() -> None:
 # --- every library ----------------------------------------------------------------------------
 
 
+#: The array libraries of colls.testing.arrays, each with the module it needs.
+LIBRARIES = {"numpy": None, "torch": "torch", "jax": "jax", "ctypes": None}
+
+
+def _library(name: str, dtype: DType) -> ArrayLibrary:
+    """Return the library ``name``; skip, naming it, when what it needs is not installed."""
+    needs = LIBRARIES[name]
+    if needs is not None:
+        pytest.importorskip(needs, reason=f"needs {needs}")
+    if name == "numpy" and dtype is dtypes.BFLOAT16:
+        pytest.importorskip("ml_dtypes", reason="needs ml_dtypes (NumPy has no bfloat16)")
+    [library] = [lib for lib in array_libraries() if lib.name == name]
+    return library
+
+
+def _holding_64_bits(name: str) -> contextlib.AbstractContextManager[Any]:
+    """JAX holds 64-bit dtypes only with jax_enable_x64: turn it on for the test."""
+    if name != "jax":
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.enable_x64(True)  # type: ignore[no-any-return]
+
+
+def test_every_installed_library_is_listed() -> None:
+    names = [lib.name for lib in array_libraries()]
+    installed = [n for n, needs in LIBRARIES.items()
+                 if needs is None or importlib.util.find_spec(needs) is not None]
+    assert names == installed
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-def test_every_library_round_trips(dtype: DType) -> None:
-    rng = np.random.default_rng(RNG_SEED)
-    for library in array_libraries():
-        if not library.supports(dtype):
-            continue
-        words = random_array(dtype, (3, 2), rng)
+@pytest.mark.parametrize("name", list(LIBRARIES))
+def test_every_library_round_trips(name: str, dtype: DType) -> None:
+    library = _library(name, dtype)
+    with _holding_64_bits(name):
+        assert library.supports(dtype)
+        words = random_array(dtype, (3, 2), np.random.default_rng(RNG_SEED))
         obj = library.from_numpy(words, dtype)
         b = as_buffer(obj, writable=False, arg="x", op="broadcast")
-        assert b.dtype is dtype, library.name
-        np.testing.assert_array_equal(b.array, words.reshape(-1), err_msg=library.name)
-        np.testing.assert_array_equal(library.to_numpy(obj), words, err_msg=library.name)
-        if library.name != "jax":
-            b = as_buffer(obj, writable=True, arg="x", op="broadcast")
-            b.array[:] = ones_words(dtype, 6)
-            np.testing.assert_array_equal(
-                library.to_numpy(obj).reshape(-1), ones_words(dtype, 6), err_msg=library.name
-            )
+        assert b.dtype is dtype
+        np.testing.assert_array_equal(b.array, words.reshape(-1))
+        np.testing.assert_array_equal(library.to_numpy(obj), words)
+        if name == "jax":  # read-only for in-place ops (test_jax_is_read_only_...)
+            return
+        b = as_buffer(obj, writable=True, arg="x", op="broadcast")
+        b.array[:] = ones_words(dtype, 6)
+        np.testing.assert_array_equal(library.to_numpy(obj).reshape(-1), ones_words(dtype, 6))
 
 
 # --- lists, empties ---------------------------------------------------------------------------

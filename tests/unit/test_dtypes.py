@@ -102,10 +102,17 @@ def test_by_name_unknown(bad: object) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-def test_from_any_numpy_and_torch(dtype: dtypes.DType) -> None:
-    if dtype is not dtypes.BFLOAT16:
-        assert dtypes.from_any(np.zeros(2, dtype.numpy)) is dtype
-    torch = pytest.importorskip("torch")
+def test_from_any_numpy(dtype: dtypes.DType) -> None:
+    if dtype is dtypes.BFLOAT16:  # NumPy's bfloat16 is ml_dtypes'
+        ml_dtypes = pytest.importorskip("ml_dtypes", reason="needs ml_dtypes")
+        assert dtypes.from_any(np.zeros(2, ml_dtypes.bfloat16)) is dtype
+        return
+    assert dtypes.from_any(np.zeros(2, dtype.numpy)) is dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_from_any_torch(dtype: dtypes.DType) -> None:
+    torch = pytest.importorskip("torch", reason="needs torch")
     tensor = torch.zeros(2, dtype=getattr(torch, dtype.name))
     assert dtypes.from_any(tensor) is dtype
     assert dtypes.from_any(tensor.dtype) is dtype
