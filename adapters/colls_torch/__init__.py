@@ -93,6 +93,7 @@ from colls_torch._objects import (
     send_object_list,
 )
 from colls_torch._ops import ReduceOp
+from colls_torch._ops import _make_nccl_premul_sum as _make_nccl_premul_sum  # torch's private name
 from colls_torch._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from colls_torch._stores import FileStore, HashStore, PrefixStore, Store, TCPStore
 from colls_torch._work import Work

@@ -13,6 +13,11 @@ wrong length, an out-of-range root, mismatched sizes) is one torch's Python laye
 the gloo C++ checks, which raise ``RuntimeError``; :func:`backend_call` turns such ValueErrors into
 RuntimeErrors.
 
+Where torch raises a type that colls' own error is not (torch asserts an unknown backend name,
+an unknown init_method scheme is a RuntimeError), colls_torch raises a class that is both: colls'
+message, and an instance of what a torch program catches there. They are the classes below; the
+table and the functions raising them are the only places that choose them.
+
 The reverse direction (a torch Store used by colls, in the ``colls`` c10d backend) is
 :func:`store_error_from_torch`.
 """
@@ -26,13 +31,12 @@ from typing import Any, Final, TypeVar
 
 import torch.distributed as _dist
 
+from colls import errors
 from colls.errors import (
     BackendError,
-    BackendUnavailableError,
     CollsError,
     CollsTimeoutError,
     NetworkError,
-    RendezvousError,
     StoreError,
     StoreTimeoutError,
 )
@@ -42,18 +46,51 @@ DistBackendError = _dist.DistBackendError
 DistNetworkError = _dist.DistNetworkError
 DistStoreError = _dist.DistStoreError
 
+
+class BackendUnavailableError(errors.BackendUnavailableError, AssertionError):
+    """A backend name colls cannot run: colls' error, and an AssertionError as torch's.
+
+    torch asserts on a name it does not know ("Unknown backend type bogus", also for ``ucc``
+    when not built) and raises RuntimeError for one not built in (``nccl``); colls' class is
+    already a RuntimeError (and a ValueError).
+    """
+
+
+class RendezvousError(errors.RendezvousError, ValueError):
+    """An init_method that cannot become a store: colls' error (a RuntimeError) and a ValueError.
+
+    torch raises ValueError when env:// variables are missing and RuntimeError for a scheme
+    with no handler ("No rendezvous handler for bogus://").
+    """
+
+
+class AssertedValueError(ValueError, AssertionError):
+    """A mistake torch catches with an ``assert`` and colls with a ValueError check.
+
+    ``destroy_process_group()`` before ``init_process_group`` (torch: "Process group cannot be
+    None") and ``init_process_group`` given both ``init_method`` and ``store``.
+    """
+
+
+class InvalidGroupError(ValueError, TypeError):
+    """A ``group`` that is not a colls_torch group: torch's ValueError ("Group 42 is not
+    registered"; get_backend_config's is a TypeError), and colls' TypeError."""
+
+
+class InvalidRankError(ValueError, RuntimeError):
+    """init_process_group's rank out of range for its world_size: colls' ValueError, and the
+    RuntimeError of gloo's check ("rank < size. 2 vs 1")."""
+
+
 #: colls error class -> the exception torch raises in the same situation. First match wins.
-#: BackendUnavailableError is both a RuntimeError and a ValueError already (torch raises
-#: ValueError for an unknown backend name and RuntimeError for one not built in), so it passes
-#: through unchanged. A rendezvous that cannot start (missing MASTER_ADDR, malformed URL)
-#: is a ValueError in torch; store and network failures during it keep their own classes.
+#: Store and network failures during a rendezvous keep their own classes.
 COLLS_TO_TORCH: Final[tuple[tuple[type[BaseException], type[BaseException] | None], ...]] = (
-    (BackendUnavailableError, None),
+    (errors.BackendUnavailableError, BackendUnavailableError),  # unknown or unusable name
     (StoreError, DistStoreError),  # also StoreTimeoutError: torch's store timeouts
     (NetworkError, DistNetworkError),  # a peer or the store server is unreachable / died
-    (CollsTimeoutError, DistBackendError),  # a collective ran past the group timeout
+    (CollsTimeoutError, DistBackendError),  # a collective ran past its timeout
     (BackendError, DistBackendError),  # the transport failed
-    (RendezvousError, ValueError),  # torch: "environment variable RANK expected, but not set"
+    (errors.RendezvousError, RendezvousError),  # missing MASTER_ADDR, unknown scheme
     (CollsError, DistError),  # anything else of colls' own
 )
 
@@ -66,7 +103,7 @@ def torch_class_for(exc: BaseException) -> type[BaseException] | None:
         return None
     for colls_cls, torch_cls in COLLS_TO_TORCH:
         if isinstance(exc, colls_cls):
-            return torch_cls
+            return None if isinstance(exc, torch_cls) else torch_cls
     return None
 
 
@@ -138,10 +175,15 @@ def store_error_from_torch(exc: BaseException, what: str) -> CollsError:
 
 __all__ = [
     "COLLS_TO_TORCH",
+    "AssertedValueError",
+    "BackendUnavailableError",
     "DistBackendError",
     "DistError",
     "DistNetworkError",
     "DistStoreError",
+    "InvalidGroupError",
+    "InvalidRankError",
+    "RendezvousError",
     "backend_call",
     "boundary",
     "store_error_from_torch",

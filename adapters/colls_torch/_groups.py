@@ -24,7 +24,12 @@ from colls import _dispatch
 from colls.plugin_manager import ALIASES
 from colls.process_group import ProcessGroup
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD, GroupMember, group
-from colls_torch._errors import boundary
+from colls_torch._errors import (
+    AssertedValueError,
+    InvalidGroupError,
+    InvalidRankError,
+    boundary,
+)
 
 #: The backend name each live group was created with, as the user spelled it ("gloo" stays
 #: "gloo" although colls runs tcp), keyed by colls group name; get_backend() reports it.
@@ -101,19 +106,32 @@ def init_process_group(
     ``_ranks`` are accepted and ignored (colls binds no device and names groups itself).
     """
     name = _colls_backend(backend)
-    colls.init_process_group(
-        backend=name, init_method=init_method, timeout=timeout, world_size=world_size,
-        rank=rank, store=_torch_store_adapter(store), group_name=group_name,
-        pg_options=pg_options,
-    )
+    try:
+        colls.init_process_group(
+            backend=name, init_method=init_method, timeout=timeout, world_size=world_size,
+            rank=rank, store=_torch_store_adapter(store), group_name=group_name,
+            pg_options=pg_options,
+        )
+    except ValueError as exc:  # the same mistakes, typed as torch's checks raise them
+        if store is not None and init_method is not None:  # torch asserts
+            raise AssertedValueError(str(exc)) from exc
+        if store is not None and 0 < world_size <= rank:  # gloo's C++ check: RuntimeError
+            raise InvalidRankError(str(exc)) from exc
+        raise
     _REQUESTED_BACKEND[_WORLD_NAME] = str(backend).lower() if name else colls.get_backend()
 
 
 @boundary
 def destroy_process_group(group: Any = None) -> None:
-    """Destroy ``group``, or every group when None (as torch)."""
+    """Destroy ``group``, or every group when None (as torch).
+
+    Raises:
+        AssertedValueError: before init_process_group (torch asserts; colls: ValueError).
+    """
     if group is NON_GROUP_MEMBER:
         return
+    if not colls.is_initialized():
+        raise AssertedValueError(_dispatch.NOT_INITIALIZED)
     pg = resolve(group)
     colls.destroy_process_group(group)
     if pg is None or pg.name == _WORLD_NAME:
@@ -193,20 +211,30 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
 # -- groups --------------------------------------------------------------------------------------
 
 
-def resolve(group: Any) -> ProcessGroup | None:
-    """Return the colls group a call runs on (None for a non-member), as colls resolves it.
+def known(group: Any) -> Any:
+    """Return ``group`` if it is one colls_torch can resolve (a group, WORLD, None, ...).
 
     Raises:
-        ValueError: before init_process_group, or ``group`` is not a colls_torch group.
+        InvalidGroupError: it is not (torch's ValueError, colls' TypeError).
     """
     if group is None or group is WORLD or group is NON_GROUP_MEMBER or isinstance(
         group, ProcessGroup
     ):
-        return _dispatch.resolve_group(group)
-    raise ValueError(
+        return group
+    raise InvalidGroupError(
         f"Process group {group!r} is not a colls_torch group; pass a group made by "
         "colls_torch.new_group (a torch.distributed group cannot be mixed with colls_torch)"
     )
+
+
+def resolve(group: Any) -> ProcessGroup | None:
+    """Return the colls group a call runs on (None for a non-member), as colls resolves it.
+
+    Raises:
+        ValueError: before init_process_group.
+        InvalidGroupError: ``group`` is not a colls_torch group.
+    """
+    return _dispatch.resolve_group(known(group))
 
 
 def member(group: Any, op: str) -> ProcessGroup | None:
@@ -263,12 +291,12 @@ def root_rank(pg: ProcessGroup, rank: int | None, grank: int | None, *, op: str)
 
 def get_rank(group: Any = None) -> int:
     """Return this process's rank in ``group``; -1 if it is not a member."""
-    return colls.get_rank(group)
+    return colls.get_rank(known(group))
 
 
 def get_world_size(group: Any = None) -> int:
     """Return the number of processes in ``group``; -1 if not a member."""
-    return colls.get_world_size(group)
+    return colls.get_world_size(known(group))
 
 
 def get_backend(group: Any = None) -> Backend:
@@ -416,19 +444,19 @@ def get_global_rank(group: Any, group_rank: int) -> int:
     """Translate ``group_rank`` of ``group`` to a world rank (identity for group.WORLD)."""
     if group is WORLD:
         return group_rank
-    return colls.get_global_rank(group, group_rank)
+    return colls.get_global_rank(known(group), group_rank)
 
 
 def get_group_rank(group: Any, global_rank: int) -> int:
     """Translate world rank ``global_rank`` to its rank in ``group`` (identity for WORLD)."""
     if group is WORLD:
         return global_rank
-    return colls.get_group_rank(group, global_rank)
+    return colls.get_group_rank(known(group), global_rank)
 
 
 def get_process_group_ranks(group: Any) -> list[int]:
     """Return the world ranks of ``group``'s members, in group-rank order."""
-    return colls.get_process_group_ranks(group)
+    return colls.get_process_group_ranks(known(group))
 
 
 __all__ = [
@@ -453,6 +481,7 @@ __all__ = [
     "is_torchelastic_launched",
     "is_ucc_available",
     "is_xccl_available",
+    "known",
     "member",
     "new_group",
     "new_subgroups",

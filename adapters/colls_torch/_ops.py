@@ -23,6 +23,10 @@ from colls.reduce_ops import PremulSum, RedOpType
 
 ReduceOp = _dist.ReduceOp
 _TorchRedOpType = _dist.ReduceOp.RedOpType
+#: torch's own constructor of a PREMUL_SUM op (``factor``: a number, or a one-element tensor,
+#: which may differ per rank): the op is torch's, so code written for torch passes it unchanged,
+#: and :func:`to_colls` turns it into colls' PremulSum (sum over ranks of factor * x).
+_make_nccl_premul_sum = _dist._make_nccl_premul_sum
 
 #: Ops torch refuses on complex tensors, by name: read from torch's own
 #: ``supports_complex`` (which colls_torch also exports), so the rule lives in one place.

@@ -17,7 +17,7 @@ import torch.distributed as _dist
 
 import colls
 from colls_torch import _groups
-from colls_torch._errors import boundary
+from colls_torch._errors import InvalidRankError, boundary
 from colls_torch._submit import submit
 from colls_torch._tensors import Staging, check_single_tensor
 from colls_torch._work import Work
@@ -31,9 +31,9 @@ def _check_tag(tag: Any) -> int:
     return tag
 
 
-def _not_self(pg: Any, peer: int, kind: str) -> None:
+def _not_self(pg: Any, peer: int, kind: str, error: type[ValueError]) -> None:
     if peer == pg.rank:
-        raise ValueError(
+        raise error(
             f"Invalid {kind} rank: {kind} rank should not be the same as the rank of the "
             "current process."
         )
@@ -43,13 +43,20 @@ def _not_self(pg: Any, peer: int, kind: str) -> None:
 def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to rank ``dst`` (or group rank ``group_dst``); return a Work."""
+    return _isend(tensor, dst, group, tag, group_dst, op="isend")
+
+
+def _isend(tensor: torch.Tensor, dst: int | None, group: Any, tag: int, group_dst: int | None,
+           *, op: str) -> Work | None:
+    """isend, and send's first half. To oneself: torch's send checks it (ValueError), its
+    isend leaves it to gloo (RuntimeError); InvalidRankError is both."""
     check_single_tensor(tensor, "tensor")
-    pg = _groups.member(group, "isend")
+    pg = _groups.member(group, op)
     if pg is None:
         return None
-    peer = _groups.group_rank(pg, dst, group_dst, op="isend", what="destination")
+    peer = _groups.group_rank(pg, dst, group_dst, op=op, what="destination")
     _check_tag(tag)
-    _not_self(pg, peer, "destination")
+    _not_self(pg, peer, "destination", ValueError if op == "send" else InvalidRankError)
     st = Staging(pg.backend.devices)
     src = st.source(tensor)
     return submit(st, lambda _a: colls.isend(src, group=pg, tag=tag, group_dst=peer),
@@ -67,7 +74,7 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: 
     peer = None
     if src is not None or group_src is not None:
         peer = _groups.group_rank(pg, src, group_src, op="irecv", what="source")
-        _not_self(pg, peer, "source")
+        _not_self(pg, peer, "source", InvalidRankError)  # torch: gloo's RuntimeError
     _check_tag(tag)
     st = Staging(pg.backend.devices)
     out = st.target(tensor)
@@ -79,7 +86,7 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: 
 def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` and wait until the transport has it."""
-    work = isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
+    work = _isend(tensor, dst, group, tag, group_dst, op="send")
     if work is not None:
         work.wait()
 

@@ -31,7 +31,7 @@ from colls.reduce_ops import PremulSum, RedOpType  # noqa: E402
     (errors.NetworkError, T.DistNetworkError),
     (errors.CollsTimeoutError, T.DistBackendError),
     (errors.BackendError, T.DistBackendError),
-    (errors.RendezvousError, ValueError),
+    (errors.RendezvousError, _errors.RendezvousError),  # a ValueError and a RuntimeError
     (errors.CollsError, T.DistError),
 ])
 def test_error_table_maps_and_chains(colls_error, torch_error):
