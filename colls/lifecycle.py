@@ -54,6 +54,7 @@ def init_process_group(
     store: Any = None,
     group_name: str = "",
     pg_options: Any = None,
+    device_id: Any = None,
 ) -> None:
     """Join the world group: rendezvous, create the backend, register the default group.
 
@@ -68,6 +69,7 @@ def init_process_group(
         store: an already connected :class:`colls.store.Store`.
         group_name: ignored (kept for torch compatibility); the world group is "default_pg".
         pg_options: a mapping of backend-specific options passed to the backend.
+        device_id: ignored (kept for torch compatibility): colls binds no device to a group.
 
     Raises:
         ValueError: called twice, or inconsistent rank/world_size/store arguments.
@@ -126,13 +128,26 @@ def new_group(
     pg_options: Any = None,
     use_local_synchronization: bool = False,
     group_desc: str | None = None,
+    device_id: Any = None,
+    sort_ranks: bool = True,
 ) -> Any:
     """Create a group of the given world ranks (all ranks when None).
 
     Every rank of the world must call new_group, in the same order, as in torch. Ranks may be
     given in any order; like torch they are sorted, so group rank i is the i-th smallest world
     rank. Processes outside the group get ``GroupMember.NON_GROUP_MEMBER``.
+    ``use_local_synchronization``, ``group_desc`` and ``device_id`` are accepted for torch
+    compatibility and ignored.
+
+    Raises:
+        NotImplementedError: ``sort_ranks=False`` with unsorted ``ranks`` (torch would order
+            the group as given; colls always orders it by world rank).
     """
+    if not sort_ranks and ranks is not None and list(ranks) != sorted(ranks):
+        raise NotImplementedError(
+            f"new_group(sort_ranks=False) with unsorted ranks {list(ranks)}: colls orders group "
+            "ranks by world rank; pass the ranks sorted"
+        )
     world = d.default_group()
     with REGISTRY.lock:
         members = _check_ranks(ranks, REGISTRY.world_size)

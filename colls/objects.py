@@ -134,8 +134,12 @@ def scatter_object_list(scatter_object_output_list: list[Any],
 
 
 def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None,
-                     device: Any = None, group_dst: int | None = None) -> None:
-    """Send the objects of ``object_list`` to rank ``dst`` (pair with recv_object_list)."""
+                     device: Any = None, group_dst: int | None = None,
+                     use_batch: bool = False) -> None:
+    """Send the objects of ``object_list`` to rank ``dst`` (pair with recv_object_list).
+
+    ``device`` and ``use_batch`` are accepted for torch compatibility and ignored.
+    """
     if not isinstance(object_list, list):
         raise TypeError("send_object_list: object_list must be a list")
     payloads = [_to_bytes(o) for o in object_list]
@@ -146,8 +150,12 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
 
 
 def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
-                     device: Any = None, group_src: int | None = None) -> int:
-    """Receive objects into ``object_list`` (length as the sender's); return the sender."""
+                     device: Any = None, group_src: int | None = None,
+                     use_batch: bool = False) -> int:
+    """Receive objects into ``object_list`` (length as the sender's); return the sender.
+
+    ``device`` and ``use_batch`` are accepted for torch compatibility and ignored.
+    """
     if not isinstance(object_list, list):
         raise TypeError("recv_object_list: object_list must be a list")
     sizes = np.zeros(len(object_list), dtype=np.int64)

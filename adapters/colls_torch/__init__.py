@@ -45,6 +45,7 @@ from colls_torch._collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from colls_torch._debug import breakpoint
 from colls_torch._errors import DistBackendError, DistError, DistNetworkError, DistStoreError
 from colls_torch._extras import (
     all_gather_coalesced,
@@ -105,6 +106,8 @@ reduce_op = _dist.reduce_op
 supports_complex = _dist.supports_complex
 #: torch's default process-group timeout (colls' COLLS_TIMEOUT default is the same).
 default_pg_timeout = datetime.timedelta(minutes=30)
+#: torch.distributed re-exports datetime.timedelta (``dist.timedelta(seconds=30)``).
+timedelta = datetime.timedelta
 
 register()
 
@@ -138,6 +141,7 @@ __all__ = [
     "all_to_all_single",
     "barrier",
     "batch_isend_irecv",
+    "breakpoint",
     "broadcast",
     "broadcast_multigpu",
     "broadcast_object_list",
@@ -187,4 +191,5 @@ __all__ = [
     "send",
     "send_object_list",
     "supports_complex",
+    "timedelta",
 ]

@@ -366,18 +366,13 @@ def new_group(
 ) -> Any:
     """Create a group of world ``ranks``; every process must call it, in the same order.
 
-    As torch; ``device_id`` is ignored. colls always orders a group by world rank, so
-    ``sort_ranks=False`` with unsorted ranks raises NotImplementedError.
+    As torch and :func:`colls.new_group`: ``device_id`` is ignored; colls always orders a group
+    by world rank, so ``sort_ranks=False`` with unsorted ranks raises NotImplementedError.
     """
-    if not sort_ranks and ranks is not None and list(ranks) != sorted(ranks):
-        raise NotImplementedError(
-            f"new_group(sort_ranks=False) with unsorted ranks {list(ranks)}: colls orders group "
-            "ranks by world rank; pass the ranks sorted"
-        )
     name = _colls_backend(backend)
     pg = colls.new_group(ranks=ranks, timeout=timeout, backend=name, pg_options=pg_options,
                          use_local_synchronization=use_local_synchronization,
-                         group_desc=group_desc)
+                         group_desc=group_desc, device_id=device_id, sort_ranks=sort_ranks)
     if isinstance(pg, ProcessGroup):
         requested = str(backend).lower() if name else get_backend()
         _REQUESTED_BACKEND[pg.name] = requested

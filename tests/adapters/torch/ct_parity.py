@@ -327,3 +327,37 @@ def fresh_timeouts(rank: int, size: int, ports: tuple[int, int], done_path: str
     with open(done_path, "w") as f:
         f.write("done")
     return cmp.rows
+
+
+# -- breakpoint ---------------------------------------------------------------------------------
+
+#: Seconds the breaking rank stays "in pdb".
+HOLD_S = 1.5
+
+
+class _PdbRecorder:
+    """Stands in for torch's interactive pdb (a worker has no terminal): records, then holds."""
+
+    stops: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.stops.append(text)
+
+    def set_trace(self) -> None:
+        self.stops.append("set_trace")
+        time.sleep(HOLD_S)
+
+
+def breakpoint_waits(rank: int, size: int) -> dict[str, Any]:
+    """Rank size-1 stops (on the second call: skip=1); the others wait for it in a barrier."""
+    _PdbRecorder.stops = []
+    original = T._make_distributed_pdb
+    T._make_distributed_pdb = _PdbRecorder
+    try:
+        start = time.monotonic()
+        for _ in range(2):
+            C.breakpoint(rank=size - 1, skip=1)  # one call site: the first call is skipped
+        elapsed = time.monotonic() - start
+    finally:
+        T._make_distributed_pdb = original
+    return {"stops": list(_PdbRecorder.stops), "elapsed": elapsed}

@@ -121,3 +121,15 @@ def test_timeouts_raise_what_gloo_raises_in_time(tmp_path):
         assert row["instance"], row
         assert 0.9 <= row["elapsed"]["colls"] <= 1.0 + SLACK_S, row
         assert "1.0 s" in row["colls message"], row
+
+
+def test_breakpoint_stops_one_rank_and_the_others_wait(world):
+    results = world.run(ct_parity.breakpoint_waits)
+    breaking = world.size - 1
+    for rank, found in enumerate(results):
+        if rank == breaking:
+            assert len(found["stops"]) == 2 and found["stops"][1] == "set_trace", found
+            assert f"dist.breakpoint(rank={breaking})" in found["stops"][0]
+        else:
+            assert found["stops"] == [], found
+            assert found["elapsed"] >= ct_parity.HOLD_S * 0.9, found  # waited for it
