@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 
+import colls_torch  # noqa: F401  (registers the "colls" backend)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-import colls_torch  # noqa: F401  (registers the "colls" backend)
 
 FEATURES, HIDDEN, OUTPUTS = 16, 32, 4
 BATCH = 32

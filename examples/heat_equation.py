@@ -47,7 +47,8 @@ def main() -> None:
         if rank > 0:
             works += [colls.isend(u[:1].copy(), dst=rank - 1), colls.irecv(halo_left, src=rank - 1)]
         if rank < size - 1:
-            works += [colls.isend(u[-1:].copy(), dst=rank + 1), colls.irecv(halo_right, src=rank + 1)]
+            works += [colls.isend(u[-1:].copy(), dst=rank + 1),
+                      colls.irecv(halo_right, src=rank + 1)]
         for w in works:
             w.wait()
         u = step(u, halo_left[0] if rank > 0 else 0.0, halo_right[0] if rank < size - 1 else 0.0, r)

@@ -20,7 +20,8 @@ def main() -> None:
     expected = sum(range(size))
     assert np.all(data == expected), f"rank {rank}: got {data}, expected {expected}"
     # One write per line, so that lines of different ranks sharing a terminal never interleave.
-    sys.stdout.write(f"rank {rank}/{size}: all_reduce -> {data.tolist()} (expected {float(expected)})\n")
+    line = f"rank {rank}/{size}: all_reduce -> {data.tolist()} (expected {float(expected)})"
+    sys.stdout.write(line + "\n")
     colls.destroy_process_group()
 
 

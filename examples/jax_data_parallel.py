@@ -15,12 +15,12 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # 4 processes on one host: keep JAX on the CPU
 
+import colls_jax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import colls  # noqa: E402
-import colls_jax  # noqa: E402
 
 BATCH = 96  # divisible by 1, 2, 3, 4, 6, 8 ranks
 FEATURES, HIDDEN = 5, 16

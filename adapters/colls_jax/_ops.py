@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from colls.reduce_ops import ReduceOp, RedOpType
+from colls.reduce_ops import RedOpType, ReduceOp
 from colls_jax import _args, _grad, _host
 from colls_jax._host import Target
 from colls_jax._host import bind as _bind

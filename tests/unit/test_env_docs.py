@@ -1,4 +1,4 @@
-"""docs/env.md stays true: it lists every COLLS_* setting colls.env knows, as describe() prints it."""
+"""docs/env.md stays true: it lists every COLLS_* setting colls.env knows, as describe() prints."""
 
 from __future__ import annotations
 

@@ -11,12 +11,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import colls_jax as cj
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax_reference import all_data, assert_equal
-
-import colls_jax as cj
 
 # -- VJPs of the linear collectives ---------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import colls_jax as cj
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +27,6 @@ from jax_reference import (
 )
 
 import colls
-import colls_jax as cj
 
 
 def _op(name: str) -> Any:
@@ -290,7 +290,7 @@ def no_reordering(rank: int, size: int) -> dict[str, Any]:
                     d[(rank - 1) % size],
                     np.max(np.stack(e), axis=0)[rank * rows:(rank + 1) * rows]]
         for i, (dtype, got, want) in enumerate(zip(
-                ("float32", "int32", "bfloat16", "bool", "float32"), outs, expected)):
+                ("float32", "int32", "bfloat16", "bool", "float32"), outs, expected, strict=True)):
             assert_equal(got, _cast(dtype, want), dtype, f"round {round_} output {i}")
         assert_equal(extra, sum(extra_all), "int32", f"round {round_} eager all_reduce")
         checks += 6

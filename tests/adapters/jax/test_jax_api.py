@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import re
 
+import colls_jax as cj
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from colls_jax import _host
 from jax.experimental import io_callback
 
 import colls
-import colls_jax as cj
 from colls.store import HashStore
-from colls_jax import _host
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("world1")]
 
@@ -173,7 +173,7 @@ def test_jitted_collectives_are_chained_by_one_token() -> None:
     chain = _callback_tokens(text)
     assert len(chain) == 3, text
     assert chain[0][1].startswith("%arg")  # the token the program receives
-    for (previous, _), (_, token) in zip(chain, chain[1:]):
+    for (previous, _), (_, token) in zip(chain, chain[1:], strict=False):
         assert token == f"{previous}#0", text  # each waits for the one traced before it
 
 

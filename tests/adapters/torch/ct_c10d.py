@@ -9,12 +9,11 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import colls_torch as C
 import torch
 import torch._dynamo  # noqa: F401  (imported on first use by functional collectives and DDP:
 import torch.distributed as T  # 3+ s per process; preloading it here lets forked workers share it)
 import torch.distributed._functional_collectives as fc
-
-import colls_torch as C
 
 TIMEOUT = datetime.timedelta(seconds=60)
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 import colls_torch as dist
+import torch
 
 
 def staged_collectives(rank: int, size: int) -> str:

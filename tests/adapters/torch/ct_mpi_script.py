@@ -5,9 +5,8 @@ Prints one ``OK <rank> <checks>`` line per rank; any failure raises (non-zero ex
 
 from __future__ import annotations
 
-import torch
-
 import colls_torch as dist
+import torch
 
 
 def main() -> None:

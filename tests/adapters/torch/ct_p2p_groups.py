@@ -172,9 +172,8 @@ def sc_groups(rank: int, size: int, face: str = "dropin") -> tuple[int, list[str
 
 def sc_multigpu(rank: int, size: int, face: str = "dropin") -> tuple[int, list[str]]:
     """The *_multigpu functions (gone from torch 2.x) against the same result built with torch."""
-    import torch.distributed as T
-
     import colls_torch as C
+    import torch.distributed as T
 
     ck = Checker(rank, face)
     k = 2

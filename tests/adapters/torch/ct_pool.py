@@ -49,9 +49,8 @@ def _answer(conn: Any, status: str, value: Any) -> None:
 
 
 def _init_worlds(rank: int, size: int, torch_port: int, colls_port: int) -> None:
-    import torch.distributed as tdist
-
     import colls_torch
+    import torch.distributed as tdist
 
     timeout = datetime.timedelta(seconds=GROUP_TIMEOUT)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{torch_port}", rank=rank,
@@ -79,9 +78,8 @@ def _serve(conn: Any, rank: int, size: int, ports: tuple[int, int]) -> None:
             _answer(conn, "ok", fn(rank, size, *args))
         except BaseException:
             _answer(conn, "error", traceback.format_exc())
-    import torch.distributed as tdist
-
     import colls_torch
+    import torch.distributed as tdist
 
     colls_torch.destroy_process_group()
     tdist.destroy_process_group()

@@ -52,9 +52,8 @@ def test_dropin_over_mpi():
                     "staging path of CUDA tensors cannot run")
 @pytest.mark.timeout(120)
 def test_cuda_tensors_are_staged_through_host_memory():
-    from ct_pool import run_fresh
-
     import ct_cuda
+    from ct_pool import run_fresh
 
     for out in run_fresh(ct_cuda.staged_collectives, 2):
         assert out == "ok", out

@@ -58,7 +58,7 @@ def test_transport_from_env_var():
 def test_ddp_over_colls_matches_gloo(size):
     results = run_fresh(ct_c10d.ddp_colls_vs_gloo, size, 4)
     for out in results:
-        moved = any(not torch.equal(a, b) for a, b in zip(out["colls"], out["start"]))
+        moved = any(not torch.equal(a, b) for a, b in zip(out["colls"], out["start"], strict=True))
         assert moved, "training did not change the weights"
         for a, b in zip(out["colls"], out["gloo"], strict=True):
             # sums of 2 floats are exact in any order; 3 may round differently
