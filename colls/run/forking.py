@@ -5,7 +5,7 @@ Why: startup time. A worker started as a fresh interpreter pays Python's own sta
 (about 150 ms), and four workers on two cores pay that four times over: about 0.9 s from launch to
 the first barrier. Here the launcher imports :data:`PRELOAD_MODULES` once, then ``os.fork()``s one
 child per local rank; each child becomes its worker in place and runs colls.run._worker's logic,
-so the imports are paid once and shared copy-on-write (figures in docs/launcher.md).
+so the imports are paid once and shared copy-on-write (figures in docs/benchmarks.md).
 
 A forked child is not a fresh interpreter. The differences that matter are handled one by one:
 
