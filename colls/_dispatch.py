@@ -3,16 +3,19 @@
 Every public collective and point-to-point function does the same few steps, in this order, by
 calling into this module: resolve the group (None / WORLD -> the default group; a non-member
 returns early), canonicalise ranks (world rank or ``group_*`` rank -> group rank), check and
-import the arrays (dtype, sizes, list lengths, writability), check the reduce op, then submit the
-job in the group's call order and honour ``async_op``. Nothing else in colls translates ranks or
-validates user arguments.
+import the arrays (device against ``Backend.devices``, dtype, sizes, list lengths, writability),
+check the reduce op, then submit the job in the group's call order and honour ``async_op``.
+Nothing else in colls translates ranks or validates user arguments.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from colls import buffers, fingerprint
 from colls.buffers import Buffer
@@ -52,8 +55,19 @@ def _record(op: str) -> fingerprint.CallRecord:
 
 
 def resolve_group(group: Any) -> ProcessGroup | None:
-    """Return the group a call runs on, or None when this process is not a member of it."""
-    _call.record = None  # every public call starts here: forget the previous call's arguments
+    """Return the group a call runs on, or None when this process is not a member of it.
+
+    Every public call starts here: the previous call's arguments are forgotten, and the group
+    is remembered (per thread) for :func:`buffer`'s device check.
+    """
+    _call.record = None
+    _call.group = None
+    pg = _resolve(group)
+    _call.group = pg
+    return pg
+
+
+def _resolve(group: Any) -> ProcessGroup | None:
     if group is None or group is WORLD:
         pg = REGISTRY.default
         return pg if pg is not None else default_group()
@@ -147,12 +161,38 @@ def check_tag(tag: Any, *, op: str) -> int:
 # -- arrays -------------------------------------------------------------------------------------
 
 
-def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
-    """Import one array argument (see :func:`colls.buffers.as_buffer`).
+def check_device(pg: ProcessGroup, obj: Any, *, arg: str, op: str) -> None:
+    """Refuse an array on a device the group's backend does not serve (``Backend.devices``).
 
+    Runs before the array is imported, so a CUDA array is refused by a CPU backend without
+    CuPy being needed, and before any byte moves.
+
+    Raises:
+        TypeError: ``obj`` lives on a device missing from ``pg.backend.devices``.
+    """
+    device = buffers.device_of(obj)
+    served = pg.backend.devices
+    if device is None or device in served:
+        return  # an unknown device is as_buffer's to refuse, with its own message
+    raise TypeError(
+        f"{op} on rank {my_rank()}: argument '{arg}' is a {device} array "
+        f"({type(obj).__module__}.{type(obj).__qualname__}), but backend "
+        f"{pg.backend_name!r} of group {pg.name!r} moves only {' and '.join(served)} arrays; "
+        f"use a group whose backend serves {device} arrays, or move the array to "
+        f"{' or '.join(served)}"
+    )
+
+
+def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
+    """Check the device of one array argument and import it (:func:`colls.buffers.as_buffer`).
+
+    The device is checked against the group the current call resolved (:func:`resolve_group`).
     A :class:`~colls.buffers.Buffer` passes through unchanged: colls' own layers (functional,
     multigpu) hand over scratch buffers whose dtype (bfloat16) NumPy cannot express.
     """
+    pg = getattr(_call, "group", None)
+    if pg is not None and (type(obj) is not np.ndarray or "cpu" not in pg.backend.devices):
+        check_device(pg, obj, arg=arg, op=op)
     buf = obj if isinstance(obj, Buffer) else buffers.as_buffer(
         obj, writable=writable, arg=arg, op=op, rank=REGISTRY.world_rank
     )
@@ -234,6 +274,10 @@ def row_splits(
 def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
     """Check that ``op`` applies to ``buf``'s dtype, before any byte moves."""
     spec = resolve_op(op, buf.dtype, op_name=op_name, rank=REGISTRY.world_rank)
+    pg = getattr(_call, "group", None)
+    check = getattr(pg.backend, "check_reduction", None) if pg is not None else None
+    if check is not None:  # optional backend hook: what its transport cannot reduce (NCCL)
+        check(spec, op_name=op_name, rank=REGISTRY.world_rank)
     _record(op_name).reduce_op = spec.name
     return spec
 
@@ -255,6 +299,20 @@ def call_timeout(timeout: Any, *, op: str) -> float | None:
 
 
 # -- submission ---------------------------------------------------------------------------------
+
+
+def _caller_stream(pg: ProcessGroup) -> Any:
+    """Return the caller's current CUDA stream when ``pg``'s backend moves CUDA memory, else None.
+
+    A backend that runs kernels orders them after this stream; the job may run on the group's
+    executor thread, where CuPy's current stream (per thread) would be another. Without CuPy
+    imported no CUDA array can have reached colls, so there is nothing to order after.
+    """
+    if "cuda" not in pg.backend.devices:
+        return None
+    cupy = sys.modules.get("cupy")
+    return None if cupy is None else cupy.cuda.get_current_stream()
+
 
 
 def submit(
@@ -283,6 +341,7 @@ def submit(
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
     tag = fingerprint.collective_tag(seq, record.signature())
+    stream = _caller_stream(pg)
 
     def run() -> Any:
         if health.error is not None:  # a failure while this call was queued
@@ -294,6 +353,9 @@ def submit(
                     check_seq, fingerprint.FINGERPRINT_RECORD.signature()
                 )
                 fingerprint.check_across_ranks(pg, record, seq, check_tag)
+            if stream is not None:
+                with stream:  # the caller's stream, current on whichever thread runs the job
+                    return job(tag)
             return job(tag)
         except BaseException as exc:
             failure = health.job_failed(label(op, seq), exc)

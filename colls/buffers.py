@@ -34,6 +34,7 @@ __all__ = [
     "Buffer",
     "as_buffer",
     "as_buffers",
+    "device_of",
     "empty_array",
     "empty_like_buffer",
     "new_array_like",
@@ -244,6 +245,27 @@ def _cuda_view_via_ctypes(
 def _device_type(obj: Any) -> int:
     device = getattr(obj, "__dlpack_device__", None)
     return int(device()[0]) if device is not None else dlc.KDL_CPU
+
+
+def device_of(obj: Any) -> str | None:
+    """Return where ``obj``'s memory lives, "cpu" or "cuda", without importing it.
+
+    Asks ``__dlpack_device__`` only, so it needs no CuPy: the core checks a CUDA array against
+    the group's backend before anything imports it. None when the answer is neither (another
+    DLPack device, or a producer whose ``__dlpack_device__`` fails): :func:`as_buffer` then
+    raises its own error naming the device or the failure.
+    """
+    if isinstance(obj, (np.ndarray, Buffer)):
+        return obj.device if isinstance(obj, Buffer) else "cpu"
+    if not hasattr(obj, "__dlpack__"):
+        return "cpu"  # the buffer protocol: host memory
+    try:
+        device_type = _device_type(obj)
+    except Exception:
+        return None
+    if device_type in _CPU_DEVICES:
+        return "cpu"
+    return "cuda" if device_type in _CUDA_DEVICES else None
 
 
 def as_buffer(obj: Any, *, writable: bool, arg: str, op: str, rank: int | None = None) -> Buffer:

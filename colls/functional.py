@@ -30,7 +30,8 @@ def _group_size(group: Any, op: str) -> int:
     return pg.size
 
 
-def _input(array: Any, op: str) -> Buffer:
+def _input(array: Any, op: str, group: Any) -> Buffer:
+    d.resolve_group(group)  # the device check in d.buffer is against this group's backend
     if any(cls.__name__.endswith("Tracer") for cls in type(array).__mro__):
         raise TypeError(
             f"functional.{op}: got a traced JAX value ({type(array).__name__}); inside jax.jit, "
@@ -44,7 +45,7 @@ def _input(array: Any, op: str) -> Buffer:
 
 def all_reduce(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
     """Return the reduction of ``array`` over the group (every rank gets it)."""
-    buf = _input(array, "all_reduce")
+    buf = _input(array, "all_reduce", group)
     out = buffers.scratch(buf)
     c.all_reduce(out, op=op, group=group)
     return _result(array, out)
@@ -53,7 +54,7 @@ def all_reduce(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
 def broadcast(array: Any, src: int | None = None, group: Any = None,
               group_src: int | None = None) -> Any:
     """Return rank ``src``'s ``array`` on every rank."""
-    buf = _input(array, "broadcast")
+    buf = _input(array, "broadcast", group)
     out = buffers.scratch(buf)
     c.broadcast(out, src=src, group=group, group_src=group_src)
     return _result(array, out)
@@ -61,7 +62,7 @@ def broadcast(array: Any, src: int | None = None, group: Any = None,
 
 def all_gather(array: Any, group: Any = None) -> Any:
     """Return every rank's ``array`` stacked along a new leading axis (shape ``(size, *shape)``)."""
-    buf = _input(array, "all_gather")
+    buf = _input(array, "all_gather", group)
     size = _group_size(group, "all_gather")
     out = buffers.scratch(buf, numel=buf.numel * size, shape=(size, *buf.shape))
     c.all_gather_into_tensor(out, buf, group=group)
@@ -70,7 +71,7 @@ def all_gather(array: Any, group: Any = None) -> Any:
 
 def reduce_scatter(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
     """Reduce ``array`` over the group and return this rank's slice of dim 0."""
-    buf = _input(array, "reduce_scatter")
+    buf = _input(array, "reduce_scatter", group)
     size = _group_size(group, "reduce_scatter")
     rows = buf.shape[0] if buf.shape else 1
     if rows % size:
@@ -86,7 +87,7 @@ def reduce_scatter(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any
 
 def all_to_all(array: Any, group: Any = None) -> Any:
     """Split dim 0 of ``array`` into group-size pieces, send piece j to rank j, return what came."""
-    buf = _input(array, "all_to_all")
+    buf = _input(array, "all_to_all", group)
     out = buffers.scratch(buf, numel=buf.numel, shape=buf.shape)
     c.all_to_all_single(out, buf, group=group)
     return _result(array, out)

@@ -61,7 +61,8 @@ def _joined(bufs: list[Buffer]) -> Buffer:
     return joined
 
 
-def _local_list(tensor_list: Any, op: str, writable: bool) -> list[Buffer]:
+def _local_list(tensor_list: Any, op: str, writable: bool, group: Any) -> list[Buffer]:
+    d.resolve_group(group)  # the device check in d.buffer_list is against this group's backend
     bufs = d.buffer_list(tensor_list, arg="tensor_list", op=op, writable=writable, length=None)
     if not bufs:
         raise ValueError(f"{op} on rank {d.my_rank()}: tensor_list must not be empty")
@@ -76,7 +77,7 @@ def all_reduce_multigpu(tensor_list: list[Any], op: Any = ReduceOp.SUM, group: A
                         async_op: bool = False) -> Work | None:
     """Reduce every array of every process's list; every array gets the result."""
     name = "all_reduce_multigpu"
-    bufs = _local_list(tensor_list, name, writable=True)
+    bufs = _local_list(tensor_list, name, writable=True, group=group)
     spec = _plain_spec(op, bufs[0], name)
     staged = buffers.scratch(bufs[0])
     for b in bufs[1:]:
@@ -95,7 +96,7 @@ def broadcast_multigpu(tensor_list: list[Any], src: int, group: Any = None,
                        async_op: bool = False, src_tensor: int = 0) -> Work | None:
     """Copy ``tensor_list[src_tensor]`` of rank ``src`` into every array of every list."""
     name = "broadcast_multigpu"
-    bufs = _local_list(tensor_list, name, writable=True)
+    bufs = _local_list(tensor_list, name, writable=True, group=group)
     _check_index(src_tensor, len(bufs), "src_tensor", name)
     staged = buffers.scratch(bufs[src_tensor])
     work = c.broadcast(staged, src=src, group=group, async_op=async_op)
@@ -112,7 +113,7 @@ def reduce_multigpu(tensor_list: list[Any], dst: int, op: Any = ReduceOp.SUM, gr
                     async_op: bool = False, dst_tensor: int = 0) -> Work | None:
     """Reduce every array of every list into ``tensor_list[dst_tensor]`` of rank ``dst``."""
     name = "reduce_multigpu"
-    bufs = _local_list(tensor_list, name, writable=True)
+    bufs = _local_list(tensor_list, name, writable=True, group=group)
     spec = _plain_spec(op, bufs[0], name)
     _check_index(dst_tensor, len(bufs), "dst_tensor", name)
     staged = buffers.scratch(bufs[0])
@@ -132,7 +133,7 @@ def all_gather_multigpu(output_tensor_lists: list[list[Any]], input_tensor_list:
                         group: Any = None, async_op: bool = False) -> Work | None:
     """Every output list i gets all inputs of all processes, ordered by (rank, index)."""
     name = "all_gather_multigpu"
-    ins = _local_list(input_tensor_list, name, writable=False)
+    ins = _local_list(input_tensor_list, name, writable=False, group=group)
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -157,7 +158,7 @@ def reduce_scatter_multigpu(output_tensor_list: list[Any], input_tensor_lists: l
                             ) -> Work | None:
     """Output i of rank r gets entry ``r * k + i`` reduced over every input list everywhere."""
     name = "reduce_scatter_multigpu"
-    outs = _local_list(output_tensor_list, name, writable=True)
+    outs = _local_list(output_tensor_list, name, writable=True, group=group)
     pg = d.resolve_group(group)
     if pg is None:
         return None
