@@ -45,6 +45,16 @@ if TYPE_CHECKING:
 
 Array = Any  # numpy.ndarray on CPU, cupy.ndarray on CUDA
 
+#: How a backend learns that a peer died (:attr:`BackendSpec.dead_peers`). ``"detected"``: it
+#: fails every operation involving the dead peer at once with a NetworkError naming it (tcp sees
+#: EOF on the peer's connection). ``"timeout"``: it cannot tell a dead peer from a slow one, so
+#: operations involving it fail at the group timeout. ``"launcher"``: the launcher stops the
+#: whole job when a rank dies (MPI under mpiexec), so survivors never get to see it.
+DEAD_PEERS_DETECTED = "detected"
+DEAD_PEERS_TIMEOUT = "timeout"
+DEAD_PEERS_LAUNCHER = "launcher"
+DEAD_PEER_MODES = (DEAD_PEERS_DETECTED, DEAD_PEERS_TIMEOUT, DEAD_PEERS_LAUNCHER)
+
 
 def available_cores() -> int:
     """Return how many cores this process may run on (its CPU affinity, else every core).
@@ -166,6 +176,13 @@ class BackendSpec:
             ``(rank, world_size)`` without a store. ``init_process_group(backend)`` with no
             init_method, no store and no MASTER_ADDR in the environment then uses it and gives
             the backend a process-local store.
+        dead_peers: how the backend learns that a peer died, one of :data:`DEAD_PEER_MODES`
+            (default ``"detected"``). The conformance suite holds it to what it declares: a
+            ``"detected"`` backend must fail survivors within seconds, a ``"timeout"`` one
+            within the group timeout; a ``"launcher"`` one is not killed at all.
+
+    Raises:
+        ValueError: ``dead_peers`` is not one of :data:`DEAD_PEER_MODES`.
     """
 
     name: str
@@ -174,3 +191,11 @@ class BackendSpec:
     available: Callable[[], str | None] = lambda: None
     plugin: str = ""
     world: Callable[[], tuple[int, int]] | None = None
+    dead_peers: str = DEAD_PEERS_DETECTED
+
+    def __post_init__(self) -> None:
+        if self.dead_peers not in DEAD_PEER_MODES:
+            raise ValueError(
+                f"BackendSpec {self.name!r}: dead_peers must be one of {DEAD_PEER_MODES}, "
+                f"got {self.dead_peers!r}"
+            )

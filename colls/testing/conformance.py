@@ -21,6 +21,14 @@ e.g. the tcp backend over its sockets rather than shared memory::
 
     check_backend("tcp", world_sizes=(2, 3), env={"COLLS_SHM": "0"})
 
+The failure checks (:data:`FAILURE_CHECKS`) hold a backend to the failure clauses of the contract
+and name the clause they test: a receive nobody sends to times out, ``close()`` fails pending
+receives and is idempotent, a message of the wrong size fails its receive, and a peer that dies
+(SIGKILL or ``os._exit``, during a receive and during a collective) makes every survivor raise
+naming it, in jobs of their own on three ranks (:mod:`colls.testing._dead_peer`), started with
+:func:`~colls.testing.spawn` whatever the ``launcher``. A backend that cannot detect dead peers
+declares so (:attr:`colls.backend.BackendSpec.dead_peers`) and is held to its timeouts instead.
+
 Timing checks of the barriers assume the ranks share one clock, which holds for the one-host
 launchers used here.
 """
@@ -29,19 +37,25 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from colls.backend import DEAD_PEERS_DETECTED, DEAD_PEERS_LAUNCHER, DEAD_PEERS_TIMEOUT
 from colls.testing import _checks_api as api
+from colls.testing import _checks_failures as failures
 from colls.testing import _checks_movement as movement
 from colls.testing import _checks_p2p as p2p
 from colls.testing import _checks_reduce as reduce
+from colls.testing import _dead_peer as dead_peer
 from colls.testing._checks_common import FAILURE_MARKER, SEGMENT_BYTES, ArrayLib, Suite
+from colls.testing._world import join, leave, use_plugin
 from colls.testing.spawn import SpawnError, spawn
 
-__all__ = ["CHECKS", "ConformanceError", "check_backend", "run_suite"]
+__all__ = ["ALL_CHECKS", "CHECKS", "FAILURE_CHECKS", "ConformanceError", "check_backend",
+           "run_suite"]
 
-#: Every check, in the order each rank runs them.
+#: Every check that runs inside the suite's job, in the order each rank runs them.
 CHECKS: Final[dict[str, Callable[[Suite], None]]] = {
     "basics": api.check_basics,
     "all_reduce_matrix": reduce.check_all_reduce_matrix,
@@ -61,7 +75,16 @@ CHECKS: Final[dict[str, Callable[[Suite], None]]] = {
     "subgroups": api.check_subgroups,
     "functional": api.check_functional,
     "bad_arguments": api.check_bad_arguments,
+    "wrong_size": failures.check_wrong_size,
+    "timeout": failures.check_timeout,
+    "close": failures.check_close,
 }
+#: The check that runs jobs of its own (a rank dies in each), after the suite's jobs.
+DEAD_PEER: Final = "dead_peer"
+#: Every check name ``check_backend(checks=...)`` accepts, in the order they run.
+ALL_CHECKS: Final = (*CHECKS, DEAD_PEER)
+#: The checks of the failure paths (each names the contract clause it tests).
+FAILURE_CHECKS: Final = ("wrong_size", "timeout", "close", DEAD_PEER)
 
 DEFAULT_WORLD_SIZES: Final = (1, 2, 3, 4, 5, 7)
 ARRAY_LIBRARIES: Final = ("numpy", "torch")
@@ -82,19 +105,25 @@ class ConformanceError(AssertionError):
 
 
 def run_suite(rank: int, world_size: int, backend: str, array_library: str, quick: bool,
-              seed: int, checks: Sequence[str]) -> int:
-    """Run ``checks`` on this rank of an initialised world; return the number of cases run.
+              seed: int, checks: Sequence[str], plugin: str | None = None,
+              group_timeout: float = GROUP_TIMEOUT_S) -> int:
+    """Join the world with ``backend``, run ``checks`` on this rank; return the cases run.
 
-    This is the function :func:`check_backend` spawns on every rank.
+    This is the function :func:`check_backend` spawns on every rank. It registers ``plugin``
+    (a module name) first when given, and destroys the world when done.
 
     Raises:
         CheckFailure: the first failing case.
     """
-    suite = Suite(rank=rank, world_size=world_size, backend=backend,
-                  lib=ArrayLib(array_library), quick=quick, seed=seed)
-    for name in checks:
-        CHECKS[name](suite)
-    return suite.cases
+    join(backend, plugin, group_timeout)
+    try:
+        suite = Suite(rank=rank, world_size=world_size, backend=backend,
+                      lib=ArrayLib(array_library), quick=quick, seed=seed)
+        for name in checks:
+            CHECKS[name](suite)
+        return suite.cases
+    finally:
+        leave()
 
 
 def _check_arguments(backend: str, world_sizes: Sequence[int], array_library: str,
@@ -123,10 +152,12 @@ def _check_arguments(backend: str, world_sizes: Sequence[int], array_library: st
         raise TypeError(
             f"check_backend: env must map variable names to string values, got {env!r}"
         )
-    names = list(CHECKS) if checks is None else list(checks)
-    unknown = [n for n in names if n not in CHECKS]
+    names = list(ALL_CHECKS) if checks is None else list(checks)
+    unknown = [n for n in names if n not in ALL_CHECKS]
     if unknown:
-        raise ValueError(f"check_backend: unknown checks {unknown}; known: {', '.join(CHECKS)}")
+        raise ValueError(
+            f"check_backend: unknown checks {unknown}; known: {', '.join(ALL_CHECKS)}"
+        )
     return names
 
 
@@ -152,29 +183,40 @@ def check_backend(
     checks: Sequence[str] | None = None,
     launcher: str = "spawn",
     env: Mapping[str, str] | None = None,
+    plugin: str | None = None,
 ) -> None:
     """Run the conformance suite on ``backend`` for each world size; raise on the first failure.
+
+    On success it prints one line: the checks run, the world sizes, the seconds it took and
+    how dead peers were checked (see :attr:`colls.backend.BackendSpec.dead_peers`).
 
     Args:
         backend: the backend name, as passed to ``init_process_group``.
         world_sizes: the world sizes to run, one spawned job each (non-powers of two matter).
         array_library: "numpy" (bfloat16 through ml_dtypes, or a ctypes DLPack producer
             without it) or "torch" (CPU tensors; results are compared through NumPy).
-        timeout: seconds each world size's job may take before it counts as hung.
+        timeout: seconds each job may take before it counts as hung.
         quick: fewer dtypes and counts (every collective still runs), for slow transports.
-        checks: names from :data:`CHECKS` to run (default: all, in order).
+        checks: names from :data:`ALL_CHECKS` to run (default: all, in order). ``"dead_peer"``
+            runs four jobs of its own on three ranks, whatever ``world_sizes`` says.
         launcher: "spawn" (:func:`colls.testing.spawn`, a store rendezvous) or "mpiexec"
             (:func:`colls.testing.mpirun.run_mpi`: ``mpiexec -n N``, the MPI world, no store).
+            The dead-peer jobs always use spawn: mpiexec stops the whole job when a rank dies.
         env: environment variables set in every rank before the backend is initialised, on
             top of :data:`JOB_ENV` (a name in both takes ``env``'s value). Every rank gets the
             same values, as the backends require (e.g. ``{"COLLS_SHM": "0"}`` keeps the tcp
             backend on its sockets, ``{"COLLS_ALGORITHM": "all_reduce=ring"}`` forces an
             algorithm).
+        plugin: a plugin module to register (by import name) in this process and in every
+            rank before the backend is looked up, for a plugin that is not installed, as
+            pytest's ``-p`` does. ``None``: the backend comes from the installed entry points.
 
     Raises:
         BackendUnavailableError: ``backend`` is unknown or unavailable in this process.
         ConformanceError: a case failed, or a job crashed or hung; the message names the
-            check, world size, rank and case, followed by every rank's traceback.
+            check, world size, rank and case (and, for the failure checks, the contract
+            clause), followed by every rank's traceback.
+        ModuleNotFoundError: ``plugin`` cannot be imported.
         TypeError, ValueError: invalid arguments.
     """
     from colls import plugin_manager
@@ -182,24 +224,66 @@ def check_backend(
     names = _check_arguments(backend, world_sizes, array_library, timeout, checks, env)
     if launcher not in ("spawn", "mpiexec"):
         raise ValueError(f"check_backend: launcher must be 'spawn' or 'mpiexec', got {launcher!r}")
-    plugin_manager.resolve_backend(backend)  # fail here, clearly, rather than in every rank
+    if plugin is not None and (not isinstance(plugin, str) or not plugin):
+        raise TypeError(f"check_backend: plugin must be a module name, got {plugin!r}")
+    started = time.monotonic()
+    use_plugin(plugin)
+    spec = plugin_manager.resolve_backend(backend)  # fail here, clearly, not in every rank
     run: Callable[..., list[Any]] = spawn
     if launcher == "mpiexec":
         from colls.testing.mpirun import run_mpi
 
         run = run_mpi
     job_env = {**JOB_ENV, **(env or {})}
-    for world_size in world_sizes:
+    in_job = [n for n in names if n in CHECKS]
+    cases = 0
+    for world_size in world_sizes if in_job else ():
         try:
-            cases: list[int] = run(run_suite, world_size,
-                                   args=(backend, array_library, quick, SEED, names),
-                                   backend=backend, timeout=timeout, env=job_env,
-                                   group_timeout=GROUP_TIMEOUT_S)
+            counts: list[int] = run(run_suite, world_size,
+                                    args=(backend, array_library, quick, SEED, in_job, plugin),
+                                    backend=None, timeout=timeout, env=job_env)
         except SpawnError as exc:
             raise ConformanceError(_summary(backend, world_size, array_library, str(exc))
                                    ) from None
-        if min(cases) < 1:
+        if min(counts) < 1:
             raise ConformanceError(
                 f"check_backend({backend!r}): world size {world_size}: no case ran "
-                f"(cases per rank: {cases})"
+                f"(cases per rank: {counts})"
             )
+        cases += counts[0]
+    dead_peers = "not checked (not among the checks)"
+    if DEAD_PEER in names:
+        dead_peers = _check_dead_peers(backend, spec.dead_peers, plugin, array_library,
+                                       timeout, job_env)
+    sizes = ", ".join(map(str, world_sizes)) if in_job else "none"
+    print(f"check_backend({backend!r}): passed {len(names)} checks ({cases} cases on rank 0) "
+          f"at world sizes {sizes} in {time.monotonic() - started:.1f} s; dead peers: "
+          f"{dead_peers}", flush=True)
+
+
+def _check_dead_peers(backend: str, mode: str, plugin: str | None, array_library: str,
+                      timeout: float, job_env: Mapping[str, str]) -> str:
+    """Run the dead-peer jobs for a backend declaring ``mode``; return the summary's words."""
+    if mode == DEAD_PEERS_LAUNCHER:
+        return ("not checked: the backend declares dead_peers='launcher' (its launcher stops "
+                "the whole job when a rank dies)")
+    for how, wait in dead_peer.CASES:
+        try:
+            reports = spawn(dead_peer.survive_or_die, dead_peer.WORLD_SIZE,
+                            args=(backend, plugin, mode, how, wait), backend=None,
+                            timeout=timeout, env=job_env, victims=(dead_peer.VICTIM,))
+        except SpawnError as exc:
+            raise ConformanceError(
+                _summary(backend, dead_peer.WORLD_SIZE, array_library, str(exc))) from None
+        problem = dead_peer.check_survivors(reports, mode)
+        if problem is not None:
+            survivors = [r for r in range(dead_peer.WORLD_SIZE) if r != dead_peer.VICTIM]
+            raise ConformanceError(
+                f"check_backend({backend!r}): world size {dead_peer.WORLD_SIZE}: "
+                f"{dead_peer.failure(backend, survivors[0], how, wait, mode, problem)}")
+    deaths = " and ".join(dead_peer.DEATHS)
+    if mode == DEAD_PEERS_TIMEOUT:
+        return (f"relies on timeouts (the backend declares dead_peers='timeout'): survivors "
+                f"of {deaths} failed at the group timeout, not at once")
+    assert mode == DEAD_PEERS_DETECTED
+    return f"detected ({deaths}, during a receive and during an all_reduce)"

@@ -6,7 +6,8 @@ interpreter). Each sets RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, optionally call
 ``colls.init_process_group(backend)``, runs ``fn(rank, world_size, *args)`` and sends back its
 return value or its traceback. A rank that fails fails the call with :class:`SpawnError` naming the
 rank and carrying its traceback; a job that does not finish within ``timeout`` is killed and
-reported as a hang. Nothing is left running either way.
+reported as a hang. Nothing is left running either way. Fault tests name the ranks that are
+meant to die (``victims``): those must die without reporting, and the others must succeed.
 
 ``fn`` must be importable by reference (a module-level function).
 """
@@ -83,6 +84,7 @@ def spawn(
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
     group_timeout: float = 30.0,
+    victims: tuple[int, ...] = (),
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return their results.
 
@@ -94,12 +96,15 @@ def spawn(
         timeout: seconds for the whole job; past it every process is killed (a hang fails).
         env: extra environment variables for the workers.
         group_timeout: the world group's timeout (so a broken collective fails fast in tests).
+        victims: ranks meant to die (SIGKILL, ``os._exit``) without reporting; the job ends
+            once the others have reported and these have exited.
 
     Returns:
-        The return values, indexed by rank.
+        The return values, indexed by rank (None for a victim).
 
     Raises:
-        SpawnError: a rank raised (its traceback is in the message) or the job timed out.
+        SpawnError: a rank raised (its traceback is in the message), a victim reported instead
+            of dying, or the job timed out.
     """
     ctx = context()
     results = ctx.Queue()
@@ -115,12 +120,13 @@ def spawn(
     ]
     for p in procs:
         p.start()
-    outcomes = _collect(results, procs, timeout)
+    outcomes = _collect(results, procs, timeout, victims)
     _stop(procs)
-    return _verdict(fn, outcomes, world_size, timeout)
+    return _verdict(fn, outcomes, world_size, timeout, victims)
 
 
-def _collect(results: Any, procs: list[Any], timeout: float) -> dict[int, tuple[str, Any]]:
+def _collect(results: Any, procs: list[Any], timeout: float,
+             victims: tuple[int, ...] = ()) -> dict[int, tuple[str, Any]]:
     outcomes: dict[int, tuple[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while len(outcomes) < len(procs):
@@ -131,7 +137,11 @@ def _collect(results: Any, procs: list[Any], timeout: float) -> dict[int, tuple[
             rank, status, value = results.get(timeout=min(remaining, 0.5))
         except queue.Empty:
             for r, p in enumerate(procs):
-                if r not in outcomes and not p.is_alive() and p.exitcode not in (None, 0):
+                if r in outcomes or p.is_alive():
+                    continue
+                if r in victims:  # its exit code is its own business (os._exit(0) is one way)
+                    outcomes[r] = ("died", f"died as intended (exit code {p.exitcode})")
+                elif p.exitcode not in (None, 0):
                     outcomes[r] = ("died", f"exited with code {p.exitcode} without reporting")
             continue
         outcomes[rank] = (status, value)
@@ -150,14 +160,17 @@ def _stop(procs: list[Any]) -> None:
 
 
 def _verdict(fn: Callable[..., Any], outcomes: dict[int, tuple[str, Any]], world_size: int,
-             timeout: float) -> list[Any]:
-    if len(outcomes) == world_size and all(s == "ok" for s, _ in outcomes.values()):
-        return [outcomes[r][1] for r in range(world_size)]
+             timeout: float, victims: tuple[int, ...] = ()) -> list[Any]:
+    expected = {r: "died" if r in victims else "ok" for r in range(world_size)}
+    if all(outcomes.get(r, ("",))[0] == want for r, want in expected.items()):
+        return [None if r in victims else outcomes[r][1] for r in range(world_size)]
     lines = [f"{getattr(fn, '__qualname__', fn)} on {world_size} processes failed:"]
     for r in range(world_size):
         status, value = outcomes.get(r, ("hung", f"did not finish within {timeout:.0f} s; killed"))
-        if status == "ok":
-            lines.append(f"--- rank {r}: ok")
+        if r in victims and status == "ok":
+            lines.append(f"--- rank {r}: meant to die, but it lived and returned {value!r}")
+        elif status == "ok" or (r in victims and status == "died"):
+            lines.append(f"--- rank {r}: {'ok' if status == 'ok' else value}")
         else:
             lines.append(f"--- rank {r}: {status}\n{value}")
     raise SpawnError("\n".join(lines))

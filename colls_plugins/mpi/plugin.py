@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from colls.backend import BackendSpec
+from colls.backend import DEAD_PEERS_LAUNCHER, BackendSpec
 from colls.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ def colls_backends() -> list[BackendSpec]:
     """Return the mpi backend's spec: CPU arrays (CUDA too on a CUDA-aware MPI)."""
     return [
         BackendSpec(
-            name="mpi", devices=("cpu",), create=_create, available=_available, world=_world
+            name="mpi", devices=("cpu",), create=_create, available=_available, world=_world,
+            dead_peers=DEAD_PEERS_LAUNCHER,  # mpiexec aborts the whole job when a rank dies
         )
     ]

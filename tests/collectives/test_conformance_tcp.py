@@ -6,6 +6,10 @@ whole suite (the op x dtype matrix included), at world sizes that include non-po
 pytest test per world size, so a failure points at the size that broke; the message of
 :class:`colls.testing.ConformanceError` names the check, rank, dtype, op and root.
 
+The failure checks (timeouts, close, wrong sizes, dead peers) test the backend rather than the
+world size and some start jobs of their own, so they run once per transport, in
+:func:`test_failure_paths`, and the per-size tests run every other check.
+
 ``check_backend(..., env=...)`` is how the setting reaches every rank;
 :func:`test_env_reaches_every_rank` proves that it does, and tests/tcp proves that ``COLLS_SHM=0``
 keeps a group off shared memory.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from colls.testing import ConformanceError, check_backend
+from colls.testing.conformance import ALL_CHECKS, FAILURE_CHECKS
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 7)
 #: A world of one sends nothing, so the socket runs start at two ranks.
@@ -24,18 +29,22 @@ TORCH_WORLD_SIZES = (2, 3)
 #: Environment of the socket runs: the tcp backend's collectives over point-to-point.
 SOCKETS = {"COLLS_SHM": "0"}
 TRANSPORTS = {"shm": {}, "sockets": SOCKETS}
+#: Every check but the failure checks, which test_failure_paths runs.
+HAPPY_PATH = tuple(name for name in ALL_CHECKS if name not in FAILURE_CHECKS)
+#: A world of one (nobody to wait for) and of three (a ring with a non-power-of-two size).
+FAILURE_WORLD_SIZES = (1, 3)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_conformance_numpy(world_size: int) -> None:
-    check_backend("tcp", world_sizes=(world_size,), timeout=180)
+    check_backend("tcp", world_sizes=(world_size,), timeout=180, checks=HAPPY_PATH)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world_size", SOCKET_WORLD_SIZES)
 def test_conformance_numpy_over_sockets(world_size: int) -> None:
-    check_backend("tcp", world_sizes=(world_size,), timeout=180, env=SOCKETS)
+    check_backend("tcp", world_sizes=(world_size,), timeout=180, env=SOCKETS, checks=HAPPY_PATH)
 
 
 @pytest.mark.timeout(200)
@@ -44,7 +53,20 @@ def test_conformance_numpy_over_sockets(world_size: int) -> None:
 def test_conformance_torch(transport: str, world_size: int) -> None:
     pytest.importorskip("torch")
     check_backend("tcp", world_sizes=(world_size,), array_library="torch", timeout=180,
+                  env=TRANSPORTS[transport], checks=HAPPY_PATH)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_failure_paths(transport: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Timeouts, close, wrong sizes and dead peers (SIGKILL, os._exit) on each transport."""
+    check_backend("tcp", world_sizes=FAILURE_WORLD_SIZES, timeout=120, checks=FAILURE_CHECKS,
                   env=TRANSPORTS[transport])
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("check_backend('tcp'): passed 4 checks ("), summary
+    assert "at world sizes 1, 3 in " in summary, summary
+    assert summary.endswith("dead peers: detected (SIGKILL and os._exit, during a receive and "
+                            "during an all_reduce)"), summary
 
 
 @pytest.mark.timeout(200)

@@ -59,8 +59,14 @@ def test_storemail_runs_a_world_of_one_in_process(storemail_installed: str,
 
 
 @pytest.mark.timeout(240)
-def test_storemail_passes_the_conformance_suite(storemail_installed: str) -> None:
+def test_storemail_passes_the_conformance_suite(storemail_installed: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Every check, the failure paths included: storemail declares it relies on timeouts."""
     check_backend(storemail_installed, world_sizes=(1, 2, 3), quick=True, timeout=200)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("check_backend('storemail'): passed 22 checks ("), summary
+    assert "dead peers: relies on timeouts (the backend declares dead_peers='timeout')" in (
+        summary)
 
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from colls.backend import BackendSpec
+from colls.backend import DEAD_PEERS_TIMEOUT, BackendSpec
 from colls.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -27,6 +27,10 @@ def _create(store: Store, rank: int, world_size: int, options: BackendOptions) -
 
 @hookimpl
 def colls_backends() -> list[BackendSpec]:
-    """Return the storemail backend: CPU arrays, available wherever colls is."""
+    """Return the storemail backend: CPU arrays, available wherever colls is.
+
+    A store cannot tell a dead rank from a slow one: a receive from a dead peer fails at the
+    group timeout, which the spec declares so that the conformance suite checks exactly that.
+    """
     return [BackendSpec(name=BACKEND_NAME, devices=("cpu",), create=_create,
-                        available=_available)]
+                        available=_available, dead_peers=DEAD_PEERS_TIMEOUT)]

@@ -1,0 +1,92 @@
+"""Backends that each break one failure clause of the contract, for the conformance suite to catch.
+
+Each is the tcp backend with its receives relayed through a second Work that mishandles one
+outcome, so everything else (the happy path) still works. They are registered in the ranks by
+module name: ``check_backend("deaf", plugin="broken_backends")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from colls.backend import BackendSpec
+from colls.errors import BackendError
+from colls.hookspecs import hookimpl
+from colls.work import Work
+from colls_plugins.tcp.backend import TcpBackend
+
+
+def relay(inner: Work, *, default_timeout: float | None,
+          on_failure: Callable[[Work, BaseException], None]) -> Work:
+    """Return a Work that takes ``inner``'s result; ``on_failure(outer, exc)`` decides failures."""
+    outer = Work(description=inner.description, default_timeout=default_timeout)
+
+    def done(work: Work) -> None:
+        exc = work.exception()
+        if exc is None:
+            outer.set_result(work.get_future().result())
+        else:
+            on_failure(outer, exc)
+
+    inner.add_done_callback(done)
+    return outer
+
+
+def _swallow(outer: Work, exc: BaseException) -> None:
+    """Leave ``outer`` pending: the failure is lost."""
+
+
+def _forward(outer: Work, exc: BaseException) -> None:
+    outer.set_exception(exc)
+
+
+class Deaf(TcpBackend):
+    """Never reports a dead peer: receives from it stay pending until the group timeout."""
+
+    def irecv(self, array: Any, src: int | None, tag: int) -> Work:
+        return relay(super().irecv(array, src, tag), default_timeout=self.timeout,
+                     on_failure=_swallow)
+
+    def set_failure_listener(self, callback: Any) -> None:
+        """Tell colls nothing."""
+
+    def abort(self, error: BaseException) -> None:
+        """Fail nothing."""
+
+
+class Clingy(TcpBackend):
+    """close() leaves posted receives pending (their failure is lost)."""
+
+    def irecv(self, array: Any, src: int | None, tag: int) -> Work:
+        return relay(super().irecv(array, src, tag), default_timeout=self.timeout,
+                     on_failure=_swallow)
+
+
+class Patient(TcpBackend):
+    """Returns receive Works without a default timeout: waiting for one never times out."""
+
+    def irecv(self, array: Any, src: int | None, tag: int) -> Work:
+        return relay(super().irecv(array, src, tag), default_timeout=None, on_failure=_forward)
+
+
+class Lenient(TcpBackend):
+    """Completes a receive whose message had the wrong size as if it had worked."""
+
+    def irecv(self, array: Any, src: int | None, tag: int) -> Work:
+        def accept_any_size(outer: Work, exc: BaseException) -> None:
+            if isinstance(exc, BackendError) and "bytes but the receive buffer" in str(exc):
+                outer.set_result(src)
+            else:
+                outer.set_exception(exc)
+
+        return relay(super().irecv(array, src, tag), default_timeout=self.timeout,
+                     on_failure=accept_any_size)
+
+
+@hookimpl
+def colls_backends() -> list[BackendSpec]:
+    """Return one backend per broken clause."""
+    return [BackendSpec(name=name, devices=("cpu",), create=cls)
+            for name, cls in (("deaf", Deaf), ("clingy", Clingy), ("patient", Patient),
+                              ("lenient", Lenient))]
