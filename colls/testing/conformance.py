@@ -252,11 +252,13 @@ def check_backend(
             )
         cases += counts[0]
     dead_peers = "not checked (not among the checks)"
+    ran = len(in_job)
     if DEAD_PEER in names:
         dead_peers = _check_dead_peers(backend, spec.dead_peers, plugin, array_library,
                                        timeout, job_env)
+        ran += spec.dead_peers != DEAD_PEERS_LAUNCHER
     sizes = ", ".join(map(str, world_sizes)) if in_job else "none"
-    print(f"check_backend({backend!r}): passed {len(names)} checks ({cases} cases on rank 0) "
+    print(f"check_backend({backend!r}): passed {ran} checks ({cases} cases on rank 0) "
           f"at world sizes {sizes} in {time.monotonic() - started:.1f} s; dead peers: "
           f"{dead_peers}", flush=True)
 
