@@ -110,7 +110,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
                       why="the number of elements of tensor")
 
     def job(tag: int) -> None:
-        flat = np.empty(src.numel * pg.size, dtype=src.array.dtype)
+        flat = buffers.empty_array(src.numel * pg.size, src.dtype, src.device)
         pg.backend.all_gather(flat, src.array, tag)
         _scatter_flat(flat, outs)
 
@@ -155,7 +155,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
                       why="the number of elements of tensor")
 
     def job(tag: int) -> None:
-        flat = np.empty(src.numel * pg.size, dtype=src.array.dtype) if outs else None
+        flat = buffers.empty_array(src.numel * pg.size, src.dtype, src.device) if outs else None
         pg.backend.gather(flat, src.array, root, tag)
         if flat is not None:
             _scatter_flat(flat, outs)
@@ -268,7 +268,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     d.check_same_dtype(ins[0], ins[1:] + outs, names="output/input_tensor_list", op="all_to_all")
 
     def job(tag: int) -> None:
-        flat_out = np.empty(sum(b.numel for b in outs), dtype=outs[0].array.dtype)
+        flat_out = buffers.empty_array(sum(b.numel for b in outs), outs[0].dtype, outs[0].device)
         pg.backend.all_to_all(flat_out, _concat(ins), [b.numel for b in outs],
                               [b.numel for b in ins], tag)
         _scatter_flat(flat_out, outs)
