@@ -10,6 +10,13 @@ URL query, then (``env://`` only) the environment: RANK/WORLD_SIZE, then the var
 MPICH's hydra (PMI_RANK/PMI_SIZE), Open MPI (OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) and
 Slurm's srun (SLURM_PROCID/SLURM_NTASKS), so ``mpiexec -n 4 python train.py`` needs only
 MASTER_ADDR and MASTER_PORT.
+
+The launchers' other variables are read by :mod:`colls.launch_env`: under torchrun
+(TORCHELASTIC_USE_AGENT_STORE=True) the agent already serves a torch TCPStore on MASTER_ADDR:
+MASTER_PORT, so every rank connects to it as a client (torch's client, see
+:mod:`colls.store.torch_store`), its keys under ``/worker/attempt_<TORCHELASTIC_RESTART_COUNT>``;
+under srun, MASTER_ADDR and MASTER_PORT default to the first host of SLURM_JOB_NODELIST and a
+port derived from SLURM_JOB_ID.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from urllib.parse import parse_qs, urlparse
 
-from colls import env
+from colls import env, launch_env
 from colls.errors import RendezvousError
 from colls.store.base import Store, to_timedelta
 from colls.store.file import FileStore
@@ -186,22 +193,64 @@ def _env_handler(
     url: str, rank: int, world_size: int, timeout: datetime.timedelta
 ) -> RendezvousResult:
     rank, world_size = _resolve_rank_and_size(url, rank, world_size, from_env=True)
-    addr = os.environ.get("MASTER_ADDR", "").strip()
+    addr, port = _master_address()
+    return _tcp_store(addr, port, rank, world_size, timeout), rank, world_size
+
+
+def _master_address() -> tuple[str, int]:
+    """Return MASTER_ADDR and MASTER_PORT, else Slurm's defaults (see colls.launch_env)."""
+    addr = os.environ.get("MASTER_ADDR", "").strip() or launch_env.slurm_master_addr()
     if not addr:
         raise RendezvousError(
             "env:// rendezvous: environment variable MASTER_ADDR is not set; set it to the "
             "address of the rank 0 host, e.g. MASTER_ADDR=127.0.0.1 for a single machine "
-            "(colls-run sets it for you)"
+            "(colls-run and torchrun set it for you; under srun it defaults to the first host "
+            f"of SLURM_JOB_NODELIST){_mpiexec_hint()}"
         )
     raw_port = os.environ.get("MASTER_PORT", "").strip()
-    if not raw_port:
-        raise RendezvousError(
-            "env:// rendezvous: environment variable MASTER_PORT is not set; set it to a free "
-            "TCP port on the rank 0 host, e.g. MASTER_PORT=29500"
-        )
-    port = _check_port(raw_port, "environment variable MASTER_PORT")
-    store = TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout)
-    return store, rank, world_size
+    if raw_port:
+        return addr, _check_port(raw_port, "environment variable MASTER_PORT")
+    slurm_port = launch_env.slurm_master_port()
+    if slurm_port is not None:
+        return addr, slurm_port
+    raise RendezvousError(
+        "env:// rendezvous: environment variable MASTER_PORT is not set; set it to a free "
+        f"TCP port on the rank 0 host, e.g. MASTER_PORT=29500{_mpiexec_hint()}"
+    )
+
+
+def _mpiexec_hint() -> str:
+    variable = launch_env.mpiexec_variable()
+    if variable is None:
+        return ""
+    return (
+        f". This process runs under mpiexec ({variable} is set): the mpi backend, "
+        "init_process_group('mpi'), finds its ranks itself and needs no address"
+    )
+
+
+def _tcp_store(
+    host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta
+) -> Store:
+    """Return the TCPStore at host:port: rank 0 serves it, unless torchrun's agent already does.
+
+    Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent serves a torch TCPStore on
+    MASTER_ADDR:MASTER_PORT; every rank connects to it as a client, its keys under this
+    attempt's namespace (TORCHELASTIC_RESTART_COUNT), as torch's env:// does.
+    """
+    if launch_env.uses_torchrun_agent_store() and _is_master_address(host, port):
+        from colls.store.torch_store import connect_torch_tcp_store
+
+        prefix = launch_env.torchrun_attempt_prefix()
+        return connect_torch_tcp_store(host, port, world_size, timeout, prefix)
+    return TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+
+
+def _is_master_address(host: str, port: int) -> bool:
+    return (
+        host == os.environ.get("MASTER_ADDR", "").strip()
+        and str(port) == os.environ.get("MASTER_PORT", "").strip()
+    )
 
 
 def _tcp_handler(
@@ -217,8 +266,7 @@ def _tcp_handler(
             f"tcp:// rendezvous: init_method {url!r} must look like tcp://host:port"
         )
     rank, world_size = _resolve_rank_and_size(url, rank, world_size, from_env=False)
-    store = TCPStore(parsed.hostname, port, world_size, is_master=rank == 0, timeout=timeout)
-    return store, rank, world_size
+    return _tcp_store(parsed.hostname, port, rank, world_size, timeout), rank, world_size
 
 
 def _file_handler(

@@ -19,7 +19,7 @@ message, and an instance of what a torch program catches there. They are the cla
 table and the functions raising them are the only places that choose them.
 
 The reverse direction (a torch Store used by colls, in the ``colls`` c10d backend) is
-:func:`store_error_from_torch`.
+:func:`colls.store.torch_store.store_error_from_torch`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from colls.errors import (
     CollsTimeoutError,
     NetworkError,
     StoreError,
-    StoreTimeoutError,
 )
 
 DistError = _dist.DistError
@@ -157,22 +156,6 @@ def boundary(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def store_error_from_torch(exc: BaseException, what: str) -> CollsError:
-    """Return the colls error for a failure of a torch Store used by colls (the reverse map).
-
-    Args:
-        exc: what the torch store raised.
-        what: the store operation and keys, for the message ("get('addr/1')").
-    """
-    message = f"torch store: {what} failed: {exc}"
-    if isinstance(exc, DistNetworkError):
-        return NetworkError(message)
-    text = str(exc).lower()
-    if "timeout" in text or "timed out" in text:
-        return StoreTimeoutError(message)
-    return StoreError(message)
-
-
 __all__ = [
     "COLLS_TO_TORCH",
     "AssertedValueError",
@@ -186,7 +169,6 @@ __all__ = [
     "RendezvousError",
     "backend_call",
     "boundary",
-    "store_error_from_torch",
     "to_torch",
     "torch_class_for",
     "translated",

@@ -5,7 +5,8 @@ colls_torch must not touch torch.distributed's global state, so its ``TCPStore``
 arguments and methods as torch's); they only change what their failures look like: a store
 timeout is a ``DistStoreError``, an unreachable server a ``DistNetworkError``, as in torch.
 
-The other direction, :class:`TorchStore`, lets colls rendezvous through a store torch made:
+The other direction, :class:`~colls.store.torch_store.TorchStore` (colls' own), lets colls
+rendezvous through a store torch made:
 the ``colls`` c10d backend receives torch's (prefixed) store from ``init_process_group`` and
 ``new_group``, and ``colls_torch.init_process_group(store=...)`` accepts a torch Store too.
 """
@@ -13,26 +14,20 @@ the ``colls`` c10d backend receives torch's (prefixed) store from ``init_process
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import Callable
-from typing import Any, Final, TypeVar, final
+from typing import Any, TypeVar
 
 import torch.distributed as _dist
 
-from colls.errors import StoreError
 from colls.store import FileStore as _FileStore
 from colls.store import HashStore as _HashStore
 from colls.store import PrefixStore as _PrefixStore
 from colls.store import Store
 from colls.store import TCPStore as _TCPStore
-from colls.store.base import timeout_error, to_seconds
-from colls_torch._errors import store_error_from_torch, translated
+from colls.store.torch_store import TorchStore
+from colls_torch._errors import translated
 
 T = TypeVar("T")
-
-#: First and longest pause (seconds) between two ``check`` calls while waiting for keys.
-POLL_MIN_S: Final = 0.001
-POLL_MAX_S: Final = 0.2
 
 
 class _TorchErrors:
@@ -111,91 +106,6 @@ class PrefixStore(_TorchErrors, _PrefixStore):
 
     def __init__(self, prefix: str, store: Any) -> None:
         super().__init__(prefix, as_colls_store(store))
-
-
-@final
-class TorchStore(Store):
-    """A colls :class:`~colls.store.Store` over a ``torch.distributed.Store``.
-
-    Waiting for keys (``get``, ``wait``) polls ``check`` with a growing pause (1 ms to 0.2 s)
-    instead of calling torch's blocking ``wait``: a torch TCPStore client serves one request
-    at a time, so a long wait parked by colls' background threads (the failure watcher) would
-    stall every other user of the same torch store, torch's own rendezvous included.
-    :meth:`close` ends such waits at once.
-
-    Args:
-        store: any torch Store (TCPStore, FileStore, HashStore, PrefixStore, ...).
-
-    Failures become colls' StoreError family (:func:`~colls_torch._errors.store_error_from_torch`).
-    """
-
-    def __init__(self, store: _dist.Store) -> None:
-        super().__init__(store.timeout)
-        self._store = store
-
-    @property
-    def description(self) -> str:
-        """How errors name this store."""
-        return f"torch {type(self._store).__name__}"
-
-    @property
-    def torch_store(self) -> _dist.Store:
-        """The torch store underneath."""
-        return self._store
-
-    def _run(self, what: str, method: Callable[..., T], *args: Any) -> T:
-        try:
-            return method(*args)
-        except (RuntimeError, ValueError) as exc:  # DistStoreError & co are RuntimeErrors
-            raise store_error_from_torch(exc, what) from exc
-
-    def _set(self, key: str, value: bytes) -> None:
-        self._run(f"set({key!r})", self._store.set, key, value)
-
-    def _get(self, key: str, timeout: float | None) -> bytes:
-        self._poll([key], timeout, "get")
-        return self._run(f"get({key!r})", self._store.get, key)
-
-    def _add(self, key: str, amount: int) -> int:
-        return self._run(f"add({key!r})", self._store.add, key, amount)
-
-    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
-        return self._run(f"compare_set({key!r})", self._store.compare_set, key, expected, desired)
-
-    def _wait(self, keys: list[str], timeout: float | None) -> None:
-        self._poll(keys, timeout, "wait")
-
-    def _poll(self, keys: list[str], timeout: float | None, op: str) -> None:
-        """Return once every key is set; raise StoreTimeoutError after ``timeout`` seconds."""
-        start = time.monotonic()
-        pause = POLL_MIN_S
-        while True:
-            if self._closed:
-                raise StoreError(f"{self.description}: the store is closed")
-            if self._run(f"check({keys!r})", self._store.check, keys):
-                return
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
-                raise timeout_error(self.description, op, keys, elapsed, timeout)
-            left = pause if timeout is None else min(pause, timeout - elapsed)
-            time.sleep(max(left, 0.0))
-            pause = min(pause * 2, POLL_MAX_S)
-
-    def _check(self, keys: list[str]) -> bool:
-        return self._run(f"check({keys!r})", self._store.check, keys)
-
-    def _delete_key(self, key: str) -> bool:
-        return self._run(f"delete_key({key!r})", self._store.delete_key, key)
-
-    def _num_keys(self) -> int:
-        return self._run("num_keys()", self._store.num_keys)
-
-    def set_timeout(self, timeout: float | datetime.timedelta) -> None:
-        """Set the default timeout here and on the torch store."""
-        super().set_timeout(timeout)
-        seconds = to_seconds(self.timeout)
-        if seconds is not None:
-            self._store.set_timeout(datetime.timedelta(seconds=seconds))
 
 
 def as_colls_store(store: Any) -> Store:
