@@ -89,3 +89,31 @@ def test_colls_torch_and_ddp_over_colls_share_the_agent_store(tmp_path: Path) ->
         assert (report["torch_backend"], report["colls_backend"]) == ("colls", "gloo")
         assert report["gathered"] == [got[0]["ddp"], got[1]["ddp"]], rank  # equal everywhere
         np.testing.assert_allclose(report["ddp"], report["expected"], rtol=1e-12, atol=1e-15)
+
+
+def test_two_agents_joined_by_the_c10d_rendezvous_form_one_world(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    flags = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint={endpoint}", "--rdzv-id=colls-two-agents",
+             str(WORKERS / "core_worker.py"), str(tmp_path)]
+    command = [sys.executable, "-m", "torch.distributed.run", *flags]
+    agents = [subprocess.Popen(command, cwd=tmp_path, env=launcher_env(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+              for _ in range(2)]
+    try:
+        outputs = [agent.communicate(timeout=TORCHRUN_TIMEOUT_S) for agent in agents]
+    finally:
+        for agent in agents:  # a hung agent stops its workers on SIGTERM
+            if agent.poll() is None:
+                agent.terminate()
+                agent.communicate(timeout=TORCHRUN_TIMEOUT_S)
+    for agent, (_, stderr) in zip(agents, outputs, strict=True):
+        assert agent.returncode == 0, stderr
+    got = reports(tmp_path, "attempt0.rank*.json")
+    assert sorted(got) == [0, 1, 2, 3]
+    assert sorted((r["group_rank"], r["local_rank"]) for r in got.values()) == [
+        (0, 0), (0, 1), (1, 0), (1, 1)
+    ]
+    for rank, report in got.items():
+        assert report["size"] == 4 and report["sum"] == expected_sum(4), rank
+        assert "torchrun's agent store" in report["store"], rank
