@@ -9,7 +9,9 @@ What a backend must implement is point-to-point: :meth:`Backend.isend` and :meth
 (``src=None`` receives from any source). Every collective has a default implementation in
 :mod:`colls.algorithms` built on that point-to-point, so a new transport gets all collectives by
 writing those two methods; it overrides a collective only to do better (MPI maps each to the native
-call, tcp may use shared memory).
+call, tcp may use shared memory). :class:`Matcher` (from :mod:`colls.matching`) does the receive
+side for it: posted receives, arrived messages, FIFO matching per (source, tag), any-source
+receives, delivery and failing what is pending.
 
 Threading contract:
     * ``isend``/``irecv`` may be called from any thread and must not block on the network; they
@@ -36,6 +38,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from colls import algorithms
+from colls.matching import Matcher as Matcher
+from colls.matching import MatchTable as MatchTable
 from colls.options import BackendOptions
 from colls.work import Work
 

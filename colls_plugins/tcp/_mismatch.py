@@ -23,8 +23,8 @@ Everything runs under the engine's lock and costs a dict lookup per collective m
 from __future__ import annotations
 
 from colls.fingerprint import describe_tag_conflict, tag_sequence
+from colls.matching import MatchTable, RecvOp
 from colls_plugins.tcp._frames import GOODBYE_TAG
-from colls_plugins.tcp._matching import MatchTable, RecvOp
 
 #: Tag of the probe control frame (its "byte count" field carries the expected tag).
 PROBE_TAG = GOODBYE_TAG + 1

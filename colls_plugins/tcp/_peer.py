@@ -12,9 +12,9 @@ from collections import deque
 from typing import Any
 
 from colls.errors import NetworkError
+from colls.matching import Message, RecvOp
 from colls.work import Work
 from colls_plugins.tcp._frames import HEADER
-from colls_plugins.tcp._matching import Message, RecvOp
 from colls_plugins.tcp.connections import Connection
 
 #: Buffers gathered into one ``sendmsg`` when flushing queued sends (far below IOV_MAX).

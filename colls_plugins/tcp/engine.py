@@ -45,12 +45,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from colls.errors import BackendError, NetworkError
+from colls.matching import MatchTable, Message, RecvOp, copy_bytes, size_error
 from colls.work import Work
 from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, byte_view
-from colls_plugins.tcp._matching import MatchTable, Message, RecvOp
 from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
     PROBE_TAG,
@@ -84,19 +82,8 @@ JOIN_TIMEOUT_SECONDS = 10.0
 CALLER_POLL_SECONDS = 0.0002
 CALLER_POLLS_PER_YIELD = 8
 
-#: Copies at least this large go through NumPy, which releases the GIL while it copies.
-NUMPY_COPY_BYTES = 1 << 16
-
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 _GOODBYE = HEADER.pack(GOODBYE_TAG, 0)
-
-
-def copy_bytes(dst: memoryview, src: memoryview) -> None:
-    """Copy ``src`` into ``dst`` (byte views of one size); large copies release the GIL."""
-    if dst.nbytes >= NUMPY_COPY_BYTES:
-        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
-    else:
-        dst[:] = src
 
 
 class Engine:
@@ -330,10 +317,7 @@ class Engine:
 
     @staticmethod
     def _size_error(op: RecvOp, src: int, nbytes: int) -> BackendError:
-        return BackendError(
-            f"{op.work.description}: the message from rank {src} with tag {op.tag} has "
-            f"{nbytes} bytes but the receive buffer has {op.view.nbytes} bytes"
-        )
+        return size_error(op.work.description, src, op.tag, nbytes, op.view.nbytes)
 
     # --------------------------------------------------------------------------- completion
     def _complete_from(self, op: RecvOp, message: Message) -> None:
