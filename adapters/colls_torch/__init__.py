@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 
 import torch.distributed as _dist
+from torch.distributed.elastic.multiprocessing.errors import record as _torch_record
 
 from colls.process_group import ProcessGroup
 from colls.rendezvous import register_rendezvous_handler
@@ -106,6 +107,12 @@ reduce_op = _dist.reduce_op
 supports_complex = _dist.supports_complex
 #: torch's default process-group timeout (colls' COLLS_TIMEOUT default is the same).
 default_pg_timeout = datetime.timedelta(minutes=30)
+#: ``@colls_torch.record`` on a worker's entry point: torch's own decorator
+#: (``torch.distributed.elastic.multiprocessing.errors.record``). Under torchrun, an exception
+#: that ends the function (a colls error included: its torch class, chained to colls' own) is
+#: written to ``TORCHELASTIC_ERROR_FILE``, so torchrun's summary shows it as the root cause;
+#: under colls-run the worker wrapper already writes ``COLLS_ERROR_FILE`` without it.
+record = _torch_record
 #: torch.distributed re-exports datetime.timedelta (``dist.timedelta(seconds=30)``).
 timedelta = datetime.timedelta
 
@@ -176,6 +183,7 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
+    "record",
     "recv",
     "recv_object_list",
     "reduce",

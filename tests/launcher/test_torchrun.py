@@ -9,6 +9,7 @@ torchrun_workers/ on loopback, with ports the OS picked.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,15 @@ def test_two_agents_joined_by_the_c10d_rendezvous_form_one_world(tmp_path: Path)
     for rank, report in got.items():
         assert report["size"] == 4 and report["sum"] == expected_sum(4), rank
         assert "torchrun's agent store" in report["store"], rank
+
+
+def test_record_names_a_colls_error_as_the_root_cause(tmp_path: Path) -> None:
+    done = torchrun(*single_node(2), str(WORKERS / "record_worker.py"), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    root_cause = done.stderr.split("Root Cause (first observed failure):", 1)[-1]
+    assert "rank      : 1 (local_rank: 1)" in root_cause, done.stderr
+    error_file = re.search(r"error_file: (\S+)", root_cause)
+    assert error_file is not None and error_file.group(1).endswith("/1/error.json"), root_cause
+    assert ("colls.errors.CollsTimeoutError: tcp recv from rank 0 tag 0 did not complete "
+            "within 5.0 s") in root_cause
+    assert "torch.distributed.DistBackendError: tcp recv from rank 0" in root_cause
