@@ -8,9 +8,10 @@ Sending message number ``seq`` from rank ``src`` to rank ``dst`` with ``tag`` (`
 3. ``set("inbox/{dst}/{n}", "{src} {tag} {seq}")``: announce the letter in slot ``n``.
 
 Each backend has one receiver thread that reads its inbox slots in order (1, 2, 3, ...), fetches
-the letter a slot names, deletes both keys, and matches it against the posted receives, MPI
-style: the oldest posted receive whose source (or "any") and tag fit gets it; otherwise it waits
-in an unexpected-message list that a later ``irecv`` searches in arrival order.
+the letter a slot names, deletes both keys, and hands it to colls' :class:`~colls.backend.Matcher`,
+which matches it against the posted receives, MPI style (the oldest posted receive whose source,
+or "any", and tag fit gets it; otherwise it waits for a later ``irecv``), checks its size and
+fails what is pending on close. The backend itself only moves bytes.
 
 Why FIFO per (src, tag) holds: one sender thread publishes a rank's letters in ``isend`` order and
 takes each inbox slot only after the letter is stored, so slot numbers grow in send order; the
@@ -19,6 +20,9 @@ one ordered stream of every letter addressed to this rank.
 
 ``close`` waits (briefly) until every rank of the group has reached close too, because the store
 server lives in world rank 0 and the letters still in flight live in it.
+
+A store cannot tell a dead rank from a slow one, so a receive from a dead peer fails at the group
+timeout (the spec declares ``dead_peers="timeout"``).
 """
 
 from __future__ import annotations
@@ -27,12 +31,11 @@ import itertools
 import queue
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from colls.backend import Backend
+from colls.backend import Backend, Matcher
 from colls.errors import BackendError, StoreTimeoutError
 from colls.work import Work
 
@@ -63,25 +66,6 @@ def _slot_key(dst: int, slot: int) -> str:
     return f"inbox/{dst}/{slot}"
 
 
-@dataclass(eq=False)
-class _Receive:
-    """A posted receive waiting for its letter."""
-
-    array: np.ndarray
-    src: int | None
-    tag: int
-    work: Work
-
-
-@dataclass(eq=False)
-class _Letter:
-    """A letter that arrived before any receive wanted it."""
-
-    src: int
-    tag: int
-    payload: bytes
-
-
 class StoreMailBackend(Backend):
     """Point-to-point through the group's store; every collective from colls.algorithms."""
 
@@ -90,9 +74,7 @@ class StoreMailBackend(Backend):
     def __init__(self, store: Store, rank: int, world_size: int,
                  options: BackendOptions) -> None:
         super().__init__(store, rank, world_size, options)
-        self._lock = threading.Lock()  # guards _posted and _unexpected
-        self._posted: list[_Receive] = []
-        self._unexpected: list[_Letter] = []
+        self._matcher = Matcher(self.timeout, name=f"storemail rank {rank}")
         self._sequence: defaultdict[tuple[int, int], itertools.count[int]] = defaultdict(
             itertools.count)
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -121,22 +103,7 @@ class StoreMailBackend(Backend):
         """Post a receive into ``array`` from ``src`` (None: any); the result is the sender."""
         if src is not None:
             self._check_peer(src, "irecv", "src")
-        who = "any rank" if src is None else f"rank {src}"
-        work = Work(description=f"storemail irecv from {who} (tag {tag})",
-                    default_timeout=self.timeout)
-        receive = _Receive(array, src, tag, work)
-        with self._lock:
-            letter = next((x for x in self._unexpected if _fits(receive, x)), None)
-            if letter is not None:
-                self._unexpected.remove(letter)
-            elif self._closed.is_set():
-                work.set_exception(BackendError(f"storemail rank {self.rank}: backend is closed"))
-                return work
-            else:
-                self._posted.append(receive)
-        if letter is not None:
-            _fill(receive, letter)
-        return work
+        return self._matcher.post(array, src, tag)
 
     def close(self) -> None:
         """Wait briefly for the group to reach close, then stop both threads. Idempotent."""
@@ -154,7 +121,7 @@ class StoreMailBackend(Backend):
         except Exception:  # the store is gone already: the threads stop on their own
             pass
         self._receiver.join(JOIN_S)
-        self._fail_posted(BackendError(f"storemail rank {self.rank}: backend closed"))
+        self._matcher.close(BackendError(f"storemail rank {self.rank}: backend closed"))
 
     # -- threads ---------------------------------------------------------------------------
 
@@ -190,10 +157,10 @@ class StoreMailBackend(Backend):
                 payload = self.store.get(mail)
                 self.store.delete_key(mail)
                 self.store.delete_key(key)
-                self._deliver(_Letter(src, tag, payload))
+                self._matcher.arrived(src, tag, payload)
         except Exception as exc:
             if not self._closed.is_set():
-                self._fail_posted(BackendError(
+                self._matcher.close(BackendError(
                     f"storemail rank {self.rank}: reading the inbox failed: {exc}"))
 
     def _wait_for(self, key: str) -> bool:
@@ -206,22 +173,7 @@ class StoreMailBackend(Backend):
                 if self._closed.is_set():
                     return False
 
-    # -- matching ----------------------------------------------------------------------------
-
-    def _deliver(self, letter: _Letter) -> None:
-        with self._lock:
-            receive = next((r for r in self._posted if _fits(r, letter)), None)
-            if receive is None:
-                self._unexpected.append(letter)
-                return
-            self._posted.remove(receive)
-        _fill(receive, letter)
-
-    def _fail_posted(self, exc: BaseException) -> None:
-        with self._lock:
-            posted, self._posted = self._posted, []
-        for receive in posted:
-            receive.work.set_exception(exc)
+    # -- arguments ---------------------------------------------------------------------------
 
     def _check_peer(self, peer: int, op: str, arg: str) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
@@ -230,20 +182,3 @@ class StoreMailBackend(Backend):
                 f"(0..{self.world_size - 1}), got {peer}"
             )
 
-
-def _fits(receive: _Receive, letter: _Letter) -> bool:
-    return receive.tag == letter.tag and receive.src in (None, letter.src)
-
-
-def _fill(receive: _Receive, letter: _Letter) -> None:
-    """Copy a letter into its receive's array and complete the receive with the sender."""
-    expected = receive.array.nbytes
-    if len(letter.payload) != expected:
-        receive.work.set_exception(BackendError(
-            f"storemail: message from rank {letter.src} (tag {letter.tag}) has "
-            f"{len(letter.payload)} bytes, but the receive buffer has {expected}"
-        ))
-        return
-    if expected:
-        receive.array.view(np.uint8)[:] = np.frombuffer(letter.payload, dtype=np.uint8)
-    receive.work.set_result(letter.src)
