@@ -18,10 +18,16 @@ DIRECTIVE = re.compile(r"^::: ([\w.]+)", re.MULTILINE)
 
 
 def _rendered_objects() -> list[object]:
-    """Import every object a reference page renders."""
+    """Import every object of the core that a reference page renders.
+
+    The adapters' pages (colls_torch, colls_jax) are skipped: they need torch or jax, and they
+    render their whole module.
+    """
     objects = []
     for page in sorted(REFERENCE.glob("*.md")):
         for path in DIRECTIVE.findall(page.read_text()):
+            if path.split(".")[0] != "colls":
+                continue
             module_name, _, attribute = path.rpartition(".")
             try:
                 objects.append(importlib.import_module(path))
