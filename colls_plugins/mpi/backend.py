@@ -101,7 +101,8 @@ class MpiBackend(Backend):
         ValueError: this process's colls rank or world size disagrees with MPI_COMM_WORLD.
     """
 
-    devices: tuple[str, ...] = ("cpu",)
+    #: CUDA arrays go to MPI as device pointers on a CUDA-aware MPI, through host memory otherwise.
+    devices: tuple[str, ...] = ("cpu", "cuda")
 
     def __init__(
         self, store: Store, rank: int, world_size: int, options: BackendOptions
@@ -119,7 +120,6 @@ class MpiBackend(Backend):
         self._reductions = _reduction_table(MPI)
         self._spin_tests = YIELD_AFTER_TESTS if _oversubscribed(MPI, self._comm) else SPIN_TESTS
         self.cuda_aware = runtime.cuda_aware()
-        self.devices = ("cpu", "cuda") if self.cuda_aware else ("cpu",)
         self._progress = Progress(options.group_name, MPI.Status)
         self._collective_lock = threading.Lock()
         self._broken: str | None = None

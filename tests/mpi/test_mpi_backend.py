@@ -21,7 +21,7 @@ def test_init_without_store_uses_the_mpi_world() -> None:
         assert not fact["master_addr"]
         assert fact["thread_level"] == 3  # MPI_THREAD_MULTIPLE
         assert fact["sum"] == 0 + 1 + 2
-        assert fact["devices"] == ("cpu",)  # PyPI's MPICH is not CUDA-aware
+        assert fact["devices"] == ("cpu", "cuda")  # CUDA staged: PyPI's MPICH is not CUDA-aware
 
 
 def test_init_through_a_store_rendezvous() -> None:
