@@ -12,8 +12,11 @@ a :class:`TorchStore` is only ever built around an object of an already imported
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, final
 
@@ -28,6 +31,8 @@ POLL_MAX_S: Final = 0.2
 #: Stands for "no timeout" when connecting a torch TCPStore (torch takes milliseconds in an
 #: int64, so timedelta.max overflows): a year.
 FOREVER_S: Final = 365 * 24 * 3600.0
+#: Longest wait of :meth:`TorchStore.close` for calls in flight (each is one short request).
+CLOSE_DRAIN_S: Final = 5.0
 
 
 def store_error_from_torch(exc: BaseException, what: str) -> CollsError:
@@ -72,6 +77,10 @@ class TorchStore(Store):
         self._store = store
         self._description = description or f"torch {type(store).__name__}"
         self._host, self._port = _tcp_address(store)
+        self._in_torch = 0  # threads inside a call of the torch store, guarded by _idle
+        self._idle = threading.Condition()
+        self._closing = threading.Event()
+        _LIVE.add(self)
 
     @property
     def description(self) -> str:
@@ -97,13 +106,24 @@ class TorchStore(Store):
         return self._port
 
     def _close(self) -> None:
-        self._store = None
+        """Stop the waits and let the calls in flight return (see :func:`_quiesce_at_exit`)."""
+        self._closing.set()
+        with self._idle:
+            self._idle.wait_for(lambda: self._in_torch == 0, CLOSE_DRAIN_S)
 
     def _run(self, what: str, method: Callable[..., T], *args: Any) -> T:
+        with self._idle:
+            if self._closed:
+                raise StoreError(f"{self.description}: the store is closed")
+            self._in_torch += 1
         try:
             return method(*args)
         except (RuntimeError, ValueError) as exc:  # DistStoreError & co are RuntimeErrors
             raise store_error_from_torch(exc, what) from exc
+        finally:
+            with self._idle:
+                self._in_torch -= 1
+                self._idle.notify_all()
 
     def _set(self, key: str, value: bytes) -> None:
         self._run(f"set({key!r})", self._store.set, key, value)
@@ -134,7 +154,7 @@ class TorchStore(Store):
             if timeout is not None and elapsed >= timeout:
                 raise timeout_error(self.description, op, keys, elapsed, timeout)
             left = pause if timeout is None else min(pause, timeout - elapsed)
-            time.sleep(max(left, 0.0))
+            self._closing.wait(max(left, 0.0))
             pause = min(pause * 2, POLL_MAX_S)
 
     def _check(self, keys: list[str]) -> bool:
@@ -152,6 +172,26 @@ class TorchStore(Store):
         seconds = to_seconds(self.timeout)
         if seconds is not None:
             self._store.set_timeout(datetime.timedelta(seconds=seconds))
+
+
+#: Every TorchStore not yet garbage-collected, for :func:`_quiesce_at_exit`.
+_LIVE: weakref.WeakSet[TorchStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _quiesce_at_exit() -> None:
+    """Close every TorchStore at interpreter exit, once no thread is inside torch's client.
+
+    A daemon thread of colls (the failure watcher) may still be polling a torch store when the
+    interpreter finalizes, e.g. after an uncaught exception, when colls leaves its groups as
+    they are. Python then ends such a thread as it re-enters the interpreter; for a thread in
+    torch's C++ client that unwinding aborts the process ("terminate called without an active
+    exception", SIGABRT instead of the program's exit status). Registered when this module is
+    first imported, that is before colls' own exit handler, so it runs after it (atexit is
+    LIFO) and only the torch store's wrapper is closed: torch's store itself stays open.
+    """
+    for store in list(_LIVE):
+        store.close()
 
 
 def _tcp_address(store: Any) -> tuple[str | None, int | None]:

@@ -183,3 +183,24 @@ def test_under_mpiexec_a_missing_master_addr_points_to_mpi(
         r"init_process_group\('mpi'\), finds its ranks itself and needs no address"
     )):
         rendezvous(None, timeout=TIMEOUT)
+
+
+EXIT_WHILE_POLLING = """
+import threading
+from colls.rendezvous import rendezvous
+from colls.store import torch_store
+torch_store.POLL_MIN_S = torch_store.POLL_MAX_S = 0.0  # threads are in torch's client at exit
+store, _, _ = rendezvous(None)
+for _ in range(4):  # as colls' failure watcher, waiting for a key nobody sets
+    threading.Thread(target=store.wait, args=(["never"],), daemon=True).start()
+raise SystemExit({status})
+"""
+
+
+def test_exit_while_threads_poll_the_agent_store_keeps_the_exit_status(agent_store) -> None:
+    # A thread inside torch's client when the interpreter finalizes aborts the process
+    # (SIGABRT, "terminate called without an active exception") unless colls stops it first.
+    done = subprocess.run([sys.executable, "-c", EXIT_WHILE_POLLING.format(status=7)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    assert "terminate called" not in done.stderr
