@@ -10,6 +10,8 @@ rank and the case's fields (dtype, op, root, count).
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -281,3 +283,28 @@ def sentinel(s: Suite, group: Any = None) -> None:
     colls.all_reduce(probe, group=group)
     expected = np.array([sum(r + 1 for r in members), len(members)], dtype=np.int64)
     expect_equal(probe, expected, "follow-up all_reduce (the group must still work)")
+
+
+def bounded(call: Callable[[], Any], bound: float, what: str) -> tuple[Any, float]:
+    """Run ``call`` on a watchdog thread; return ``(value or exception, seconds it took)``.
+
+    Raises:
+        AssertionError: ``call`` was still running after ``bound`` seconds (the thread is left
+            behind, a daemon: the backend under test is hung, which is the finding).
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the checking thread
+            box["value"] = exc
+
+    start = time.monotonic()
+    thread = threading.Thread(target=run, name=f"colls-conformance-watchdog: {what}", daemon=True)
+    thread.start()
+    thread.join(bound)
+    elapsed = time.monotonic() - start
+    if thread.is_alive():
+        raise AssertionError(f"{what} was still blocked after {bound:.0f} s")
+    return box["value"], elapsed

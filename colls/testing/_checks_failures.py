@@ -17,9 +17,6 @@ Dead peers need a job of their own per death: :mod:`colls.testing._dead_peer`.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -27,7 +24,14 @@ import numpy as np
 import colls
 from colls import dtypes
 from colls.errors import BackendError, CollsError, CollsTimeoutError
-from colls.testing._checks_common import Suite, expect, expect_equal, expect_raises, sentinel
+from colls.testing._checks_common import (
+    Suite,
+    bounded,
+    expect,
+    expect_equal,
+    expect_raises,
+    sentinel,
+)
 
 #: The contract clause each check tests (quoted in its failure message).
 CLAUSES: Final = {
@@ -60,31 +64,6 @@ SMALLER_COUNT: Final = 2
 
 def _ring(s: Suite) -> tuple[int, int]:
     return (s.rank + 1) % s.world_size, (s.rank - 1) % s.world_size
-
-
-def bounded(call: Callable[[], Any], bound: float, what: str) -> tuple[Any, float]:
-    """Run ``call`` on a watchdog thread; return ``(value or exception, seconds it took)``.
-
-    Raises:
-        AssertionError: ``call`` was still running after ``bound`` seconds (the thread is left
-            behind, a daemon: the backend under test is hung, which is the finding).
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # handed to the checking thread
-            box["value"] = exc
-
-    start = time.monotonic()
-    thread = threading.Thread(target=run, name=f"colls-conformance-watchdog: {what}", daemon=True)
-    thread.start()
-    thread.join(bound)
-    elapsed = time.monotonic() - start
-    if thread.is_alive():
-        raise AssertionError(f"{what} was still blocked after {bound:.0f} s")
-    return box["value"], elapsed
 
 
 def check_timeout(s: Suite) -> None:

@@ -30,8 +30,7 @@ import numpy as np
 import colls
 from colls.backend import DEAD_PEERS_DETECTED, DEAD_PEERS_TIMEOUT
 from colls.errors import BackendError, CollsError, CollsTimeoutError, NetworkError
-from colls.testing._checks_common import FAILURE_MARKER, CheckFailure
-from colls.testing._checks_failures import bounded
+from colls.testing._checks_common import FAILURE_MARKER, CheckFailure, bounded
 from colls.testing._world import join
 
 #: The contract clause each declaration is held to (quoted in failure messages).

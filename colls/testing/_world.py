@@ -8,8 +8,13 @@ backend up, as pytest's ``-p`` loads a plugin by module name.
 from __future__ import annotations
 
 import importlib
+from typing import Final
 
 from colls import plugin_manager
+from colls.testing._checks_common import bounded
+
+#: Seconds destroying the world (every backend's close()) may take before the job calls it hung.
+LEAVE_BOUND_S: Final = 30.0
 
 
 def use_plugin(module: str | None) -> None:
@@ -34,8 +39,18 @@ def join(backend: str, plugin: str | None, group_timeout: float) -> None:
 
 
 def leave() -> None:
-    """Destroy the world if it is still initialised."""
+    """Destroy the world if it is still initialised.
+
+    Raises:
+        AssertionError: it did not return within :data:`LEAVE_BOUND_S` (a close() that hangs
+            must not hang the job: the rank reports instead).
+        Exception: whatever destroy_process_group raised.
+    """
     import colls
 
-    if colls.is_initialized():
-        colls.destroy_process_group()
+    if not colls.is_initialized():
+        return
+    outcome, _ = bounded(colls.destroy_process_group, LEAVE_BOUND_S,
+                         "destroy_process_group() (every backend's close())")
+    if isinstance(outcome, BaseException):
+        raise outcome
