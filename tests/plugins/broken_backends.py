@@ -84,9 +84,19 @@ class Lenient(TcpBackend):
                      on_failure=accept_any_size)
 
 
+class Brittle(TcpBackend):
+    """close() works once; a second call raises instead of returning quietly."""
+
+    def close(self) -> None:
+        if getattr(self, "_closed_once", False):
+            raise BackendError("brittle: already closed")
+        self._closed_once = True
+        super().close()
+
+
 @hookimpl
 def colls_backends() -> list[BackendSpec]:
     """Return one backend per broken clause."""
     return [BackendSpec(name=name, devices=("cpu",), create=cls)
             for name, cls in (("deaf", Deaf), ("clingy", Clingy), ("patient", Patient),
-                              ("lenient", Lenient))]
+                              ("lenient", Lenient), ("brittle", Brittle))]

@@ -43,6 +43,15 @@ def test_a_backend_whose_close_leaves_works_pending_fails_close() -> None:
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+def test_a_backend_whose_second_close_raises_fails_close() -> None:
+    message = _failure_of("brittle", "close")
+    assert "conformance check 'close' failed (backend='brittle', world_size=2" in message
+    assert "what=close() a second time" in message, message
+    assert f"clause={failures.CLAUSES['close']}" in message, message
+    assert "a second close() ended with BackendError: brittle: already closed" in message, message
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 def test_a_backend_without_timeouts_fails_timeout() -> None:
     message = _failure_of("patient", "timeout")
     assert "conformance check 'timeout' failed (backend='patient', world_size=2" in message
