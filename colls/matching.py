@@ -268,7 +268,9 @@ class Matcher:
         return work
 
     def arrived(self, src: int, tag: int, payload: bytes | bytearray | memoryview) -> None:
-        """Hand over a whole message from rank ``src`` with ``tag`` (it is kept, not copied).
+        """Hand over a whole message from rank ``src`` with ``tag``.
+
+        ``payload`` is kept, not copied, until a receive takes it: do not reuse its memory.
 
         It completes the earliest posted receive that accepts it, or waits for one. After
         :meth:`close` it is dropped: nobody can receive it any more.
