@@ -213,7 +213,8 @@ def connect_torch_tcp_store(
     is_master=False, timeout)``, whose client retries the connection until ``timeout``.
 
     Args:
-        host, port: the server (MASTER_ADDR, MASTER_PORT).
+        host: the server's host (MASTER_ADDR).
+        port: the server's port (MASTER_PORT).
         world_size: the job's world size (torch's client counts itself in, as torch's env://).
         timeout: connection and default store timeout.
         prefix: when not empty, every key lives under ``prefix + "/"`` (torch's PrefixStore).
