@@ -11,6 +11,10 @@ One place reads the variables of the launchers PyTorch users already have, so th
   four digits), the way torch users' sbatch scripts compute them.
 * mpiexec (MPICH's hydra, Open MPI): recognised so that an env:// error can point to the mpi
   backend, which needs no address.
+* The node layout: the local rank each of them sets (LOCAL_RANK, SLURM_LOCALID, ...) picks a
+  rank's GPU (the nccl backend). Which ranks share memory is not taken from the launcher: the
+  tcp backend compares the kernels' identities and maps the segments, which is exact where a
+  launcher's node (GROUP_RANK) is not (two torchrun agents on one host share memory).
 
 Variables are read at call time, never at import time.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import Final
 
 #: torchrun sets this to ``"True"`` (``str(True)``) when its agent's store is the workers'.
@@ -30,6 +35,10 @@ RESTART_COUNT_VARIABLE: Final = "TORCHELASTIC_RESTART_COUNT"
 #: as PyTorch Lightning's SLURMEnvironment: jobs sharing a first node rarely share a port, and
 #: the range stays below Linux's ephemeral ports (32768+).
 SLURM_PORT_BASE: Final = 15000
+#: Variables giving this process's rank among those on its node, in the order they are read.
+LOCAL_RANK_VARIABLES: Final = (
+    "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"
+)
 #: Variables mpiexec sets in every process (MPICH's hydra, then Open MPI).
 MPI_RANK_VARIABLES: Final = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 
@@ -144,6 +153,26 @@ def slurm_master_port() -> int | None:
     return SLURM_PORT_BASE + int(raw) % 10000
 
 
+# ------------------------------------------------------------------------------- node layout
+def local_rank_variable(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """Return ``(name, value)`` of the first local-rank variable set, or None.
+
+    The local rank (this process's index among the job's processes on its node) picks a rank's
+    GPU. In order: LOCAL_RANK (torchrun, colls-run), SLURM_LOCALID (srun),
+    OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), MPI_LOCALRANKID (MPICH's hydra). An empty value
+    counts as unset; the value is returned as set, for the caller to parse and to name.
+
+    Args:
+        environ: the environment to read; ``os.environ`` when None.
+    """
+    variables = os.environ if environ is None else environ
+    for name in LOCAL_RANK_VARIABLES:
+        value = variables.get(name, "").strip()
+        if value:
+            return name, value
+    return None
+
+
 # ------------------------------------------------------------------------------------ mpiexec
 def mpiexec_variable() -> str | None:
     """Return the name of the mpiexec rank variable set in this process, or None."""
@@ -152,10 +181,12 @@ def mpiexec_variable() -> str | None:
 
 __all__ = [
     "AGENT_STORE_VARIABLE",
+    "LOCAL_RANK_VARIABLES",
     "MPI_RANK_VARIABLES",
     "RESTART_COUNT_VARIABLE",
     "SLURM_PORT_BASE",
     "expand_nodelist",
+    "local_rank_variable",
     "mpiexec_variable",
     "slurm_master_addr",
     "slurm_master_port",

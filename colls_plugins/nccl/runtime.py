@@ -1,8 +1,9 @@
 """What the nccl backend needs before a communicator exists: CuPy, a device, a unique id.
 
 * :func:`unavailable_reason` says why NCCL cannot be used here, importing CuPy only when asked.
-* :func:`choose_device` picks this rank's GPU: the ``device`` group option, else ``LOCAL_RANK``
-  (what colls-run and torchrun set), else CuPy's current device.
+* :func:`choose_device` picks this rank's GPU: the ``device`` group option, else the local rank
+  (LOCAL_RANK as colls-run and torchrun set, else srun's or mpiexec's), else CuPy's current
+  device.
 * :func:`exchange_unique_id`: rank 0 makes the NCCL unique id and publishes it through the
   group's store (prefixed per group, so every group gets a fresh id); the others read it. Making
   an id needs libnccl but no GPU and no driver.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from colls import launch_env
 from colls.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
@@ -88,7 +90,8 @@ def choose_device(
 
     Args:
         extra: the group's options; ``extra["device"]`` (an int) wins when given.
-        environ: the environment; ``LOCAL_RANK`` picks the device when set.
+        environ: the environment; the local rank picks the device when set (LOCAL_RANK, else
+            srun's or mpiexec's: :func:`colls.launch_env.local_rank_variable`).
         device_count: the number of visible CUDA devices.
         current: CuPy's current device, used when neither is set.
 
@@ -97,13 +100,13 @@ def choose_device(
     """
     if "device" in extra:
         device, source = extra["device"], "pg_options device"
-    elif environ.get("LOCAL_RANK", "") != "":
-        text = environ["LOCAL_RANK"]
+    elif (local := launch_env.local_rank_variable(environ)) is not None:
+        name, text = local
         try:
             device = int(text)
         except ValueError:
-            raise ValueError(f"nccl: LOCAL_RANK={text!r} is not an integer") from None
-        source = f"LOCAL_RANK={text}"
+            raise ValueError(f"nccl: {name}={text!r} is not an integer") from None
+        source = f"{name}={text}"
     else:
         device, source = current, "the current CUDA device"
     if isinstance(device, bool) or not isinstance(device, int):

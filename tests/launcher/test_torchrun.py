@@ -21,6 +21,7 @@ from launch_helpers import launcher_env
 pytest.importorskip("torch", reason="needs torch")
 
 from colls.testing.spawn import free_port  # noqa: E402
+from colls_plugins.tcp.shm_setup import shm_supported  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -115,9 +116,11 @@ def test_two_agents_joined_by_the_c10d_rendezvous_form_one_world(tmp_path: Path)
     assert sorted((r["group_rank"], r["local_rank"]) for r in got.values()) == [
         (0, 0), (0, 1), (1, 0), (1, 1)
     ]
+    one_host_memory = shm_supported() is None  # both agents run on this host
     for rank, report in got.items():
         assert report["size"] == 4 and report["sum"] == expected_sum(4), rank
         assert "torchrun's agent store" in report["store"], rank
+        assert report["shm"] == one_host_memory, rank  # across the two agents' workers
 
 
 def test_record_names_a_colls_error_as_the_root_cause(tmp_path: Path) -> None:

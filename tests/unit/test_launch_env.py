@@ -204,3 +204,26 @@ def test_exit_while_threads_poll_the_agent_store_keeps_the_exit_status(agent_sto
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 7, done.stderr
     assert "terminate called" not in done.stderr
+
+
+# ---------------------------------------------------------------------------- node layout
+@pytest.mark.parametrize(("environ", "found"), [
+    ({}, None),
+    ({"LOCAL_RANK": "1", "SLURM_LOCALID": "3"}, ("LOCAL_RANK", "1")),  # torchrun under srun
+    ({"LOCAL_RANK": "", "SLURM_LOCALID": "3"}, ("SLURM_LOCALID", "3")),
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}, ("OMPI_COMM_WORLD_LOCAL_RANK", "2")),
+    ({"MPI_LOCALRANKID": "0", "PMI_RANK": "4"}, ("MPI_LOCALRANKID", "0")),
+])
+def test_local_rank_comes_from_each_launcher(environ: dict[str, str], found: object) -> None:
+    assert launch_env.local_rank_variable(environ) == found
+
+
+def test_the_gpu_of_a_rank_under_srun_or_mpiexec_is_its_local_rank() -> None:
+    from colls_plugins.nccl import runtime
+
+    assert runtime.choose_device({}, {"SLURM_LOCALID": "3"}, 4, 0) == 3
+    assert runtime.choose_device({}, {"MPI_LOCALRANKID": "1"}, 4, 0) == 1
+    with pytest.raises(ValueError, match=r"nccl: SLURM_LOCALID=5 selects CUDA device 5, but 4"):
+        runtime.choose_device({}, {"SLURM_LOCALID": "5"}, 4, 0)
+    with pytest.raises(ValueError, match="nccl: OMPI_COMM_WORLD_LOCAL_RANK='x' is not an int"):
+        runtime.choose_device({}, {"OMPI_COMM_WORLD_LOCAL_RANK": "x"}, 4, 0)

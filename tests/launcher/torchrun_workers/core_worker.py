@@ -1,7 +1,8 @@
 """A torchrun worker on colls' core face: default init (env://), one all_reduce, a report.
 
 Usage: ``core_worker.py OUT_DIR [FAIL_RANK]``. Each rank writes OUT_DIR/attempt<A>.rank<R>.json
-(A = TORCHELASTIC_RESTART_COUNT) with its sum, its world store's description and pid. In the
+(A = TORCHELASTIC_RESTART_COUNT) with its sum, its world store's description, its pid, its
+layout as torchrun gave it and whether the world moves its data through shared memory. In the
 first attempt, FAIL_RANK (when given) sets a key in the world store and exits 3 after the
 all_reduce, so that torchrun restarts the group; every later attempt checks that this key of
 the failed attempt is invisible to it, and that every process of that attempt is gone.
@@ -35,6 +36,7 @@ def main() -> None:
         "rank": rank, "size": size, "sum": data.tolist(), "pid": os.getpid(),
         "store": store.description, "backend": colls.get_backend(),
         "local_rank": int(os.environ["LOCAL_RANK"]), "group_rank": int(os.environ["GROUP_RANK"]),
+        "shm": REGISTRY.default.backend.uses_shm,
     }
     if attempt > 0:
         earlier = [json.loads(p.read_text()) for p in out.glob("attempt0.rank*.json")]
