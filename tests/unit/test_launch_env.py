@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from colls import launch_env
-from colls.errors import RendezvousError
+from colls.errors import NetworkError, RendezvousError
 from colls.rendezvous import RANK_VARIABLES, WORLD_SIZE_VARIABLES, rendezvous
 from colls.store import TCPStore
 from colls.testing.spawn import free_port
@@ -106,6 +106,35 @@ def test_without_the_agent_variable_rank_0_serves_colls_store(
     store, _, _ = rendezvous("env://?rank=0&world_size=1", timeout=TIMEOUT)
     with store:
         assert isinstance(store, TCPStore)
+
+
+def test_without_torch_the_agent_store_says_what_is_missing(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("MASTER_ADDR", "127.0.0.1")
+    clean_env.setenv("MASTER_PORT", str(free_port()))
+    clean_env.setenv(launch_env.AGENT_STORE_VARIABLE, "True")
+    clean_env.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    clean_env.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(RendezvousError, match=(
+        r"TCPStore 127\.0\.0\.1:\d+ is torchrun's agent store \(TORCHELASTIC_USE_AGENT_STORE is "
+        r"set\), a torch TCPStore: connecting to it needs torch"
+    )):
+        rendezvous("env://?rank=0&world_size=1", timeout=TIMEOUT)
+
+
+def test_an_agent_store_that_does_not_answer_is_a_network_error(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("torch.distributed", reason="needs torch")
+    port = free_port()  # nobody listens there
+    clean_env.setenv("MASTER_ADDR", "127.0.0.1")
+    clean_env.setenv("MASTER_PORT", str(port))
+    clean_env.setenv(launch_env.AGENT_STORE_VARIABLE, "True")
+    with pytest.raises(NetworkError, match=(
+        f"torch store: connecting to TCPStore 127.0.0.1:{port} failed: "
+    )):
+        rendezvous("env://?rank=0&world_size=1", timeout=1.0)
 
 
 def test_a_bad_restart_count_names_the_variable(clean_env: pytest.MonkeyPatch) -> None:
