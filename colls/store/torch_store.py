@@ -61,15 +61,15 @@ class TorchStore(Store):
     instead of calling torch's blocking ``wait``: a torch TCPStore client serves one request
     at a time (torch 2.13: a ``set`` waits behind another thread's blocked ``get``), so a long
     wait parked by colls' background threads (the failure watcher) would stall every other
-    user of the same torch store, torch's own rendezvous included. :meth:`close` ends such
-    waits at once.
+    user of the same torch store, torch's own rendezvous included.
 
     Args:
         store: any torch Store (TCPStore, FileStore, HashStore, PrefixStore, ...).
         description: how errors name the store; default ``torch <class name>``.
 
     Failures become colls' StoreError family (:func:`store_error_from_torch`). :meth:`close`
-    drops the reference to the torch store, whose client socket torch closes with the object.
+    ends the waits and lets the calls in flight return; the torch store itself stays open (it
+    belongs to whoever made it; torch closes a client's socket with the object).
     """
 
     def __init__(self, store: Any, description: str | None = None) -> None:
@@ -89,7 +89,7 @@ class TorchStore(Store):
 
     @property
     def torch_store(self) -> Any:
-        """The torch store underneath (None once closed)."""
+        """The torch store underneath."""
         return self._store
 
     @property
@@ -145,9 +145,7 @@ class TorchStore(Store):
         """Return once every key is set; raise StoreTimeoutError after ``timeout`` seconds."""
         start = time.monotonic()
         pause = POLL_MIN_S
-        while True:
-            if self._closed:
-                raise StoreError(f"{self.description}: the store is closed")
+        while True:  # _run raises StoreError once the store is closed
             if self._run(f"check({keys!r})", self._store.check, keys):
                 return
             elapsed = time.monotonic() - start
