@@ -235,10 +235,16 @@ def _tcp_store(
     """Return the TCPStore at host:port: rank 0 serves it, unless torchrun's agent already does.
 
     Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent serves a torch TCPStore on
-    MASTER_ADDR:MASTER_PORT; every rank connects to it as a client, its keys under this
-    attempt's namespace (TORCHELASTIC_RESTART_COUNT), as torch's env:// does.
+    MASTER_ADDR:MASTER_PORT; every rank connects to it as a client, as torch's env:// does,
+    its keys under this attempt's namespace (TORCHELASTIC_RESTART_COUNT).
     """
     if launch_env.uses_torchrun_agent_store() and _is_master_address(host, port):
+        if port == 0:  # torchrun --master-port 0 passes 0 on, not the port its store got
+            raise RendezvousError(
+                f"{launch_env.AGENT_STORE_VARIABLE} is set but MASTER_PORT is 0: torchrun's "
+                "agent store listens on another port, which torchrun did not pass on; give "
+                "torchrun a real --master-port, or none (it then picks a free one)"
+            )
         from colls.store.torch_store import connect_torch_tcp_store
 
         prefix = launch_env.torchrun_attempt_prefix()

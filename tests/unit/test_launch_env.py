@@ -137,6 +137,15 @@ def test_an_agent_store_that_does_not_answer_is_a_network_error(
         rendezvous("env://?rank=0&world_size=1", timeout=1.0)
 
 
+def test_master_port_0_under_torchrun_is_refused(agent_store, clean_env) -> None:
+    clean_env.setenv("MASTER_PORT", "0")  # what torchrun --master-port 0 gives its workers
+    with pytest.raises(RendezvousError, match=(
+        "TORCHELASTIC_USE_AGENT_STORE is set but MASTER_PORT is 0: torchrun's agent store "
+        "listens on another port"
+    )):
+        rendezvous(None, timeout=TIMEOUT)
+
+
 def test_a_bad_restart_count_names_the_variable(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv(launch_env.RESTART_COUNT_VARIABLE, "one")
     with pytest.raises(ValueError, match="TORCHELASTIC_RESTART_COUNT='one': expected a non-neg"):
