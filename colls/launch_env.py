@@ -72,7 +72,8 @@ def torchrun_attempt_prefix() -> str:
     """Return the key namespace of this torchrun attempt, ``/worker/attempt_<N>``.
 
     torchrun's agent keeps one store across restarts, so a restarted worker group would read the
-    keys of the failed one; the prefix is the one torch's env:// used for the same reason.
+    keys of the failed one; the prefix is the one torch's env:// used for the same reason in
+    earlier releases (torch 2.13 no longer adds it).
     """
     return f"/worker/attempt_{torchrun_attempt()}"
 

@@ -77,7 +77,8 @@ def test_a_restarted_group_starts_clean(tmp_path: Path) -> None:
     for rank, report in second.items():
         assert report["sum"] == expected_sum(2), rank
         assert "keys under /worker/attempt_1/" in report["store"]
-        assert not report["sees_left_behind_key"], rank  # set by rank 1 of attempt 0
+        assert not report["sees_left_behind_key"], rank  # set by rank 1 of attempt 0 ...
+        assert report["agent_store_kept_it"], rank  # ... in the store the agent kept
         assert report["earlier_pids_alive"] == [False, False], rank  # their sockets and memory
     assert {r["pid"] for r in first.values()}.isdisjoint(r["pid"] for r in second.values())
 

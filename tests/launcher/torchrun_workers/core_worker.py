@@ -5,7 +5,8 @@ Usage: ``core_worker.py OUT_DIR [FAIL_RANK]``. Each rank writes OUT_DIR/attempt<
 layout as torchrun gave it and whether the world moves its data through shared memory. In the
 first attempt, FAIL_RANK (when given) sets a key in the world store and exits 3 after the
 all_reduce, so that torchrun restarts the group; every later attempt checks that this key of
-the failed attempt is invisible to it, and that every process of that attempt is gone.
+the failed attempt is invisible to it (though still in the agent's store), and that every
+process of that attempt is gone.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def main() -> None:
         earlier = [json.loads(p.read_text()) for p in out.glob("attempt0.rank*.json")]
         report["earlier_pids_alive"] = [_alive(r["pid"]) for r in earlier]
         report["sees_left_behind_key"] = store.check([LEFT_BEHIND])
+        agent_store = store.torch_store.underlying_store  # under the /worker/attempt_N prefix
+        report["agent_store_kept_it"] = agent_store.check([f"/worker/attempt_0/{LEFT_BEHIND}"])
     (out / f"attempt{attempt}.rank{rank}.json").write_text(json.dumps(report))
     if attempt == 0 and rank == fail_rank:
         store.set(LEFT_BEHIND, b"1")
