@@ -24,6 +24,20 @@ if TYPE_CHECKING:
 
 
 @final
+class _Count(int):
+    """An int that is also callable: ``pg.rank`` and torch's spelling ``pg.rank()`` both work.
+
+    torch's ProcessGroup has ``rank()`` and ``size()`` methods; colls' own code reads the numbers
+    as attributes on every call, so they stay ints.
+    """
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+@final
 class ProcessGroup:
     """A group of processes that run collectives together.
 
@@ -45,8 +59,10 @@ class ProcessGroup:
         self.name = name
         self.global_ranks: tuple[int, ...] = tuple(global_ranks)
         self._group_rank_of = {g: i for i, g in enumerate(self.global_ranks)}
-        self.rank = self._group_rank_of[my_global_rank]
-        self.size = len(self.global_ranks)
+        #: This process's rank in the group (also callable, as torch's ``rank()``).
+        self.rank: int = _Count(self._group_rank_of[my_global_rank])
+        #: The number of ranks in the group (also callable, as torch's ``size()``).
+        self.size: int = _Count(len(self.global_ranks))
         self.backend_name = backend_name
         self.backend = backend
         self.store = store

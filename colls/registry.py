@@ -9,7 +9,7 @@ group is now; NON_GROUP_MEMBER is what :func:`colls.new_group` returns to proces
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 if TYPE_CHECKING:
     from colls.process_group import ProcessGroup
@@ -18,18 +18,31 @@ if TYPE_CHECKING:
 
 @final
 class _Sentinel:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, global_name: str) -> None:
         self._name = name
+        self._global_name = global_name  # its name in this module, for pickle
+
+    def __getattr__(self, attribute: str) -> Any:
+        """``group.WORLD.rank()`` and the like read the default group, as torch's WORLD is it."""
+        if self._name != "colls.group.WORLD" or attribute.startswith("_"):
+            raise AttributeError(attribute)
+        default = REGISTRY.default
+        if default is None:  # torch's WORLD is None then: an AttributeError there too
+            raise AttributeError(
+                f"group.WORLD.{attribute}: the default process group has not been initialized "
+                "(call init_process_group first)"
+            )
+        return getattr(default, attribute)
 
     def __repr__(self) -> str:
         return self._name
 
     def __reduce__(self) -> str:
-        return self._name
+        return self._global_name
 
 
-WORLD = _Sentinel("colls.group.WORLD")
-NON_GROUP_MEMBER = _Sentinel("colls.GroupMember.NON_GROUP_MEMBER")
+WORLD = _Sentinel("colls.group.WORLD", "WORLD")
+NON_GROUP_MEMBER = _Sentinel("colls.GroupMember.NON_GROUP_MEMBER", "NON_GROUP_MEMBER")
 
 
 class group:  # noqa: N801 - the name torch users type: dist.group.WORLD

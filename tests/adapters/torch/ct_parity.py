@@ -361,3 +361,19 @@ def breakpoint_waits(rank: int, size: int) -> dict[str, Any]:
     finally:
         T._make_distributed_pdb = original
     return {"stops": list(_PdbRecorder.stops), "elapsed": elapsed}
+
+
+def group_methods(rank: int, size: int) -> dict[str, list[tuple[int, int]]]:
+    """Read ``rank()`` and ``size()`` off the world group and a subgroup, through both faces.
+
+    torch's groups are ProcessGroup objects with methods; colls_torch's are colls groups and
+    ``group.WORLD`` a sentinel standing for the default group. Both must answer alike.
+    """
+    found = {}
+    for name, dist in (("torch", T), ("colls_torch", C)):
+        upper = dist.new_group(list(range(1, size)))
+        seen = [(dist.group.WORLD.rank(), dist.group.WORLD.size())]
+        if rank >= 1:
+            seen.append((upper.rank(), upper.size()))
+        found[name] = seen
+    return found

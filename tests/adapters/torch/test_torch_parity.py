@@ -133,3 +133,9 @@ def test_breakpoint_stops_one_rank_and_the_others_wait(world):
         else:
             assert found["stops"] == [], found
             assert found["elapsed"] >= ct_parity.HOLD_S * 0.9, found  # waited for it
+
+
+def test_groups_answer_rank_and_size_as_torchs(world):
+    for rank, found in enumerate(world.run(ct_parity.group_methods)):
+        assert found["colls_torch"] == found["torch"], (rank, found)
+        assert found["torch"][0] == (rank, world.size)
