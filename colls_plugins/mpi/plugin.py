@@ -40,10 +40,11 @@ def _create(store: Store, rank: int, world_size: int, options: BackendOptions) -
 
 @hookimpl
 def colls_backends() -> list[BackendSpec]:
-    """Return the mpi backend's spec: CPU arrays (CUDA too on a CUDA-aware MPI)."""
+    """Return the mpi backend's spec: CPU and CUDA arrays (CUDA staged unless MPI is CUDA-aware)."""
     return [
         BackendSpec(
-            name="mpi", devices=("cpu",), create=_create, available=_available, world=_world,
+            name="mpi", devices=("cpu", "cuda"), create=_create, available=_available,
+            world=_world,
             dead_peers=DEAD_PEERS_LAUNCHER,  # mpiexec aborts the whole job when a rank dies
         )
     ]
