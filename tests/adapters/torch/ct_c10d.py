@@ -79,6 +79,13 @@ def failing_work(rank: int, size: int) -> dict[str, Any]:
         except Exception as exc:
             out["future"] = type(exc).__name__
         out["is_success"] = work.is_success()
+    # Rank 0 (which hosts torch's store) stays until rank 1 has its outcome: leaving at once
+    # could take the store away while rank 1 is still setting up its side of the group.
+    store = T.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.set("failing_work/done", "1")
+    else:
+        store.wait(["failing_work/done"])
     T.destroy_process_group()
     return out
 
