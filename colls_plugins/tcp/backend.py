@@ -158,7 +158,7 @@ class TcpBackend(Backend):
         shm = self._shm_for("all_reduce")
         if shm is None:
             return self._p2p(super().all_reduce, array, op, tag)
-        shm_collectives.all_reduce(shm, array, op)
+        shm_collectives.all_reduce(shm, array, op, tag)
         return None
 
     def broadcast(self, array: Any, root: int, tag: int) -> None:
@@ -167,7 +167,7 @@ class TcpBackend(Backend):
         if shm is None:
             return self._p2p(super().broadcast, array, root, tag)
         self._root("broadcast", root)
-        shm_collectives.broadcast(shm, array, root)
+        shm_collectives.broadcast(shm, array, root, tag)
         return None
 
     def reduce(self, array: Any, root: int, op: ReduceSpec, tag: int) -> None:
@@ -176,7 +176,7 @@ class TcpBackend(Backend):
         if shm is None:
             return self._p2p(super().reduce, array, root, op, tag)
         self._root("reduce", root)
-        shm_collectives.reduce(shm, array, root, op)
+        shm_collectives.reduce(shm, array, root, op, tag)
         return None
 
     def all_gather(self, output: Any, input: Any, tag: int) -> None:
@@ -185,7 +185,7 @@ class TcpBackend(Backend):
         if shm is None:
             return self._p2p(super().all_gather, output, input, tag)
         self._numel("all_gather", "output", output, self.world_size * input.size)
-        shm_collectives.all_gather(shm, output, input)
+        shm_collectives.all_gather(shm, output, input, tag)
         return None
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceSpec, tag: int) -> None:
@@ -194,7 +194,7 @@ class TcpBackend(Backend):
         if shm is None:
             return self._p2p(super().reduce_scatter, output, input, op, tag)
         self._numel("reduce_scatter", "input", input, self.world_size * output.size)
-        shm_collectives.reduce_scatter(shm, output, input, op)
+        shm_collectives.reduce_scatter(shm, output, input, op, tag)
         return None
 
     def barrier(self, tag: int) -> None:
@@ -202,7 +202,7 @@ class TcpBackend(Backend):
         shm = self._shm_for("barrier")
         if shm is None:
             return self._p2p(super().barrier, tag)
-        shm_collectives.barrier(shm)
+        shm_collectives.barrier(shm, tag)
         return None
 
     def gather(self, output: Any, input: Any, root: int, tag: int) -> None:

@@ -17,6 +17,12 @@ A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_byt
 
     control page, int64 words written only by the owner:
       [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
+
+**Stamps.** Before a rank writes a piece into slot ``s`` it stores the collective's tag in word
+``24 + s``. The tag (:mod:`colls.fingerprint`) carries the call's sequence number and its
+signature (operation, dtype, agreed element count, root, reduce op), so a rank that reads a peer's
+piece first compares the peer's stamp with its own and raises on any difference: the same
+mismatch check as the socket path, and the same message.
     slot 0 | slot 1
 
 **Phases.** A rank's phase counter counts the times it has *posted*: "my part of this step is in
@@ -56,6 +62,7 @@ import numpy as np
 
 from colls.backend import every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
+from colls.fingerprint import describe_tag_conflict
 
 logger = logging.getLogger("colls.tcp")
 
@@ -70,25 +77,6 @@ SLOT_ALIGN = 64
 
 _MAGIC = 0x434F4C4C5353484D  # "COLLSSHM"
 _W_MAGIC, _W_TOKEN, _W_SEQ, _W_SLEEP, _W_STAMP = 0, 1, 8, 16, 24  # int64 word offsets
-
-#: Op codes of :func:`stamp`.
-OP_CODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "reduce_scatter": 5}
-_OP_NAMES = {code: name for name, code in OP_CODES.items()}
-_OP_BITS, _EXTRA_BITS = 4, 16
-
-
-def stamp(op: int, nbytes: int, extra: int) -> int:
-    """Pack a piece's identity (op code, the collective's bytes, root or dtype) in one int64."""
-    return op | (extra % (1 << _EXTRA_BITS)) << _OP_BITS | nbytes << (_OP_BITS + _EXTRA_BITS)
-
-
-def describe_stamp(value: int) -> str:
-    """Return a :func:`stamp` in words, for errors."""
-    op = value % (1 << _OP_BITS)
-    extra = (value >> _OP_BITS) % (1 << _EXTRA_BITS)
-    nbytes = value >> (_OP_BITS + _EXTRA_BITS)
-    return f"{_OP_NAMES.get(op, f'op {op}')} of {nbytes} bytes, root/dtype code {extra}"
-
 
 #: Busy-poll iterations before yielding (about a microsecond each; none when ranks outnumber
 #: cores).
@@ -333,11 +321,11 @@ class ShmGroup:
         self.wait(self.peers, target, what)
 
     # -- slots ---------------------------------------------------------------------------------
-    def claim_slot(self, stamp: int, what: str) -> int:
+    def claim_slot(self, tag: int, what: str) -> int:
         """Return the slot for the next piece, once every peer is done with its last use.
 
-        The piece's ``stamp`` (:func:`stamp`: op, bytes, root or dtype) is written into the
-        control page so that peers can tell a mismatched collective from a matching one
+        The collective's ``tag`` (sequence number and signature, an int64) is stamped into the
+        control page so that peers can tell a mismatched call from a matching one
         (:meth:`check`).
         """
         slot = self._slot
@@ -345,7 +333,7 @@ class ShmGroup:
         free = self._slot_free[slot]
         if free:
             self.wait(self.peers, free, what)
-        self._me[_W_STAMP + slot] = stamp
+        self._me[_W_STAMP + slot] = tag
         return slot
 
     def release_slot(self, slot: int) -> None:
@@ -353,7 +341,7 @@ class ShmGroup:
         self._slot_free[slot] = self.phase + 1
 
     def check(self, ranks: Sequence[int], slot: int, what: str) -> None:
-        """Raise BackendError if a rank in ``ranks`` stamped another collective on ``slot``."""
+        """Raise BackendError if a rank in ``ranks`` stamped another call's tag on ``slot``."""
         word = _W_STAMP + slot
         mine = self._me[word]
         ctrls = self._ctrls
@@ -361,9 +349,7 @@ class ShmGroup:
             theirs = ctrls[r][word]
             if theirs != mine:
                 raise BackendError(
-                    f"rank {self.rank}: {what}: rank {r} runs a different collective "
-                    f"({describe_stamp(theirs)}; this rank: {describe_stamp(mine)}); every rank "
-                    "must call the same collectives in the same order"
+                    f"rank {self.rank}: {what}: {describe_tag_conflict(mine, theirs, r)}"
                 )
 
     def typed(self, rank: int, slot: int, dtype: np.dtype[Any]) -> np.ndarray:

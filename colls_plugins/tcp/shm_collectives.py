@@ -21,8 +21,11 @@ is copied into shared memory once and out once, with no socket and no progress t
 * barrier: one phase, no data.
 
 Every rank posts the same number of times per piece, which is what the phase numbers of
-:class:`~colls_plugins.tcp.shm.ShmGroup` rely on. Each piece is stamped with a fingerprint (op,
-bytes, root/dtype) so that ranks calling different collectives get a BackendError, not garbage.
+:class:`~colls_plugins.tcp.shm.ShmGroup` rely on. Each piece (and each barrier) is stamped with the
+collective's tag: its sequence number and the signature of the whole call (operation, dtype,
+agreed element count, root, reduce op; :mod:`colls.fingerprint`). A rank checks the stamps of the
+peers it reads before it reads them, so ranks whose calls differ in any of those get the
+BackendError the socket path raises, never a result built from another call's bytes.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from colls.algorithms._p2p import chunk_bounds, segments
-from colls_plugins.tcp.shm import OP_CODES, ShmGroup, stamp
+from colls_plugins.tcp.shm import ShmGroup
 
 if TYPE_CHECKING:
     from colls.reduce_ops import ReduceSpec
@@ -41,40 +44,38 @@ Array = Any  # a C-contiguous 1-D NumPy array
 #: n-1 passes over the data instead of one more synchronisation).
 FLAT_MAX_BYTES = 64 * 1024
 
-_ALL_REDUCE, _BROADCAST, _REDUCE, _ALL_GATHER, _REDUCE_SCATTER = (
-    OP_CODES[name] for name in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
-)
-
-
 def _piece_elements(g: ShmGroup, itemsize: int, per_piece_parts: int = 1) -> int:
     """Elements per piece so that ``per_piece_parts`` sub-pieces fit one slot."""
     return max(1, g.slot_bytes // (itemsize * per_piece_parts))
 
 
-def barrier(g: ShmGroup) -> None:
-    """Return once every rank has entered the barrier."""
+def barrier(g: ShmGroup, tag: int) -> None:
+    """Return once every rank has entered the barrier (whose ``tag`` every rank must share)."""
+    what = f"barrier (shm) on rank {g.rank}"
+    slot = g.claim_slot(tag, what)
     g.post()
-    g.wait_all(g.phase, f"barrier (shm) on rank {g.rank}")
+    g.wait_all(g.phase, what)
+    g.check(g.peers, slot, what)
+    g.release_slot(slot)
 
 
-def all_reduce(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
+def all_reduce(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> None:
     """Reduce ``array`` across the group in place (bitwise identical on every rank)."""
     if array.size == 0:
         return
     if array.nbytes <= FLAT_MAX_BYTES:
-        _all_reduce_flat(g, array, op)
+        _all_reduce_flat(g, array, op, tag)
     else:
-        _all_reduce_rsag(g, array, op)
+        _all_reduce_rsag(g, array, op, tag)
 
 
-def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
+def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> None:
     what = f"all_reduce (shm flat) on rank {g.rank}"
     dtype, n, rank = array.dtype, g.size, g.rank
-    fp = stamp(_ALL_REDUCE, array.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize)
     for a, b in segments(0, array.size, step):
         piece = array[a:b]
-        slot = g.claim_slot(fp, what)
+        slot = g.claim_slot(tag, what)
         views = g.views(slot, dtype)
         length = b - a
         views[rank][:length] = piece
@@ -88,16 +89,15 @@ def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
         g.release_slot(slot)
 
 
-def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
+def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> None:
     what = f"all_reduce (shm reduce-scatter/all-gather) on rank {g.rank}"
     dtype, n, rank = array.dtype, g.size, g.rank
-    fp = stamp(_ALL_REDUCE, array.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize)
     for a, b in segments(0, array.size, step):
         piece = array[a:b]
         bounds = chunk_bounds(b - a, n)
         lo, hi = bounds[rank]
-        slot = g.claim_slot(fp, what)
+        slot = g.claim_slot(tag, what)
         mine = g.typed(rank, slot, dtype)
         if lo > 0:
             mine[:lo] = piece[:lo]  # the chunks of lower ranks
@@ -122,16 +122,15 @@ def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec) -> None:
         g.release_slot(slot)
 
 
-def broadcast(g: ShmGroup, array: Array, root: int) -> None:
+def broadcast(g: ShmGroup, array: Array, root: int, tag: int) -> None:
     """Copy ``root``'s ``array`` into every rank's ``array``."""
     if array.size == 0:
         return
     what = f"broadcast (shm) on rank {g.rank}"
     dtype = array.dtype
-    fp = stamp(_BROADCAST, array.nbytes, root)
     step = _piece_elements(g, dtype.itemsize)
     for a, b in segments(0, array.size, step):
-        slot = g.claim_slot(fp, what)
+        slot = g.claim_slot(tag, what)
         if g.rank == root:
             g.typed(root, slot, dtype)[: b - a] = array[a:b]
             g.post()
@@ -143,17 +142,16 @@ def broadcast(g: ShmGroup, array: Array, root: int) -> None:
         g.release_slot(slot)
 
 
-def reduce(g: ShmGroup, array: Array, root: int, op: ReduceSpec) -> None:
+def reduce(g: ShmGroup, array: Array, root: int, op: ReduceSpec, tag: int) -> None:
     """Reduce into ``root``'s ``array`` (rank order); the others' arrays are left unchanged."""
     if array.size == 0:
         return
     what = f"reduce (shm) on rank {g.rank}"
     dtype, n = array.dtype, g.size
-    fp = stamp(_REDUCE, array.nbytes, root)
     step = _piece_elements(g, dtype.itemsize)
     others = [r for r in range(n) if r != root]
     for a, b in segments(0, array.size, step):
-        slot = g.claim_slot(fp, what)
+        slot = g.claim_slot(tag, what)
         if g.rank != root:
             g.typed(g.rank, slot, dtype)[: b - a] = array[a:b]
             g.post()
@@ -167,18 +165,17 @@ def reduce(g: ShmGroup, array: Array, root: int, op: ReduceSpec) -> None:
         g.release_slot(slot)
 
 
-def all_gather(g: ShmGroup, output: Array, input: Array) -> None:
+def all_gather(g: ShmGroup, output: Array, input: Array, tag: int) -> None:
     """Set ``output`` to the concatenation of every rank's ``input``."""
     count = input.size
     if count == 0:
         return
     what = f"all_gather (shm) on rank {g.rank}"
     dtype, n, rank = input.dtype, g.size, g.rank
-    fp = stamp(_ALL_GATHER, output.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize)
     output[rank * count : (rank + 1) * count] = input
     for a, b in segments(0, count, step):
-        slot = g.claim_slot(fp, what)
+        slot = g.claim_slot(tag, what)
         g.typed(rank, slot, dtype)[: b - a] = input[a:b]
         g.post()
         g.wait_all(g.phase, what)
@@ -189,18 +186,17 @@ def all_gather(g: ShmGroup, output: Array, input: Array) -> None:
         g.release_slot(slot)
 
 
-def reduce_scatter(g: ShmGroup, output: Array, input: Array, op: ReduceSpec) -> None:
+def reduce_scatter(g: ShmGroup, output: Array, input: Array, op: ReduceSpec, tag: int) -> None:
     """Reduce ``input`` (n equal chunks); chunk ``rank`` lands in ``output``; input kept."""
     count = output.size
     if count == 0:
         return
     what = f"reduce_scatter (shm) on rank {g.rank}"
     dtype, n, rank = input.dtype, g.size, g.rank
-    fp = stamp(_REDUCE_SCATTER, input.nbytes, dtype.num)
     step = _piece_elements(g, dtype.itemsize, n)
     for a, b in segments(0, count, step):
         length = b - a
-        slot = g.claim_slot(fp, what)
+        slot = g.claim_slot(tag, what)
         mine = g.typed(rank, slot, dtype)
         for j in range(n):
             if j != rank:

@@ -150,6 +150,65 @@ def _mismatched_call(kind: str, rank: int, odd: int, data: np.ndarray) -> Any:
     raise ValueError(f"unknown mismatch kind {kind!r}")
 
 
+#: Elements per rank of the signature mismatches (two ranks: chunks of 4).
+SIGNATURE_COUNT = 8
+
+
+def signature_input(rank: int) -> np.ndarray:
+    """Return rank ``rank``'s input of the signature mismatches (float32 before any view)."""
+    return np.arange(SIGNATURE_COUNT, dtype=np.float32) + rank + 1
+
+
+def signature_mismatch(rank: int, world_size: int, op: str, kind: str, odd: int) -> dict[str, Any]:
+    """Every rank calls ``op`` with equal byte counts; rank ``odd`` differs only in ``kind``.
+
+    ``kind`` is "dtype" (rank ``odd`` passes its bytes as int32) or "reduce_op" (it asks for
+    MAX where the others SUM). ``held`` is the bytes of the buffer the call writes on this rank
+    (the input for in-place ops), to show that nothing of another call landed there.
+    """
+    data = signature_input(rank)
+    mine = rank == odd
+    if kind == "dtype" and mine:
+        data = data.view(np.int32)
+    reduce_op = colls.ReduceOp.MAX if kind == "reduce_op" and mine else colls.ReduceOp.SUM
+    out, call = _signature_call(op, rank, world_size, data, reduce_op)
+    first = _outcome(call)
+    second = _outcome(lambda: colls.barrier())
+    held = data if out is None else out
+    return {"first": first, "second": second, "held": held.tobytes()}
+
+
+def _signature_call(op: str, rank: int, n: int, data: np.ndarray, reduce_op: Any) -> Any:
+    """Return (the output buffer or None for in-place ops, the call) of one signature case."""
+    chunk = data.size // n
+    if op == "all_reduce":
+        return None, lambda: colls.all_reduce(data, op=reduce_op)
+    if op == "broadcast":
+        return None, lambda: colls.broadcast(data, src=0)
+    if op == "reduce":
+        return None, lambda: colls.reduce(data, dst=0, op=reduce_op)
+    if op == "all_gather_into_tensor":
+        out = np.zeros(n * data.size, dtype=data.dtype)
+        return out, lambda: colls.all_gather_into_tensor(out, data)
+    if op == "reduce_scatter_tensor":
+        out = np.zeros(chunk, dtype=data.dtype)
+        return out, lambda: colls.reduce_scatter_tensor(out, data, op=reduce_op)
+    if op == "gather":
+        if rank != 0:
+            return None, lambda: colls.gather(data, dst=0)
+        out = np.zeros(n * data.size, dtype=data.dtype)
+        parts = [out[i * data.size : (i + 1) * data.size] for i in range(n)]
+        return out, lambda: colls.gather(data, gather_list=parts, dst=0)
+    if op == "scatter":
+        out = np.zeros(chunk, dtype=data.dtype)
+        parts = [data[i * chunk : (i + 1) * chunk] for i in range(n)] if rank == 0 else None
+        return out, lambda: colls.scatter(out, scatter_list=parts, src=0)
+    if op == "all_to_all_single":
+        out = np.zeros(data.size, dtype=data.dtype)
+        return out, lambda: colls.all_to_all_single(out, data)
+    raise ValueError(f"unknown op {op!r}")
+
+
 def detail_mismatch(rank: int, world_size: int, odd: int) -> dict[str, Any]:
     """COLLS_DEBUG=detail: rank ``odd`` broadcasts while the others all_reduce; then recover."""
     data = np.ones(SMALL, dtype=np.float32)

@@ -14,7 +14,14 @@ import functools
 import numpy as np
 import pytest
 from fault_helpers import run_faulty
-from fault_workers import detail_all_ops, detail_mismatch, mismatch_input, mismatched
+from fault_workers import (
+    detail_all_ops,
+    detail_mismatch,
+    mismatch_input,
+    mismatched,
+    signature_input,
+    signature_mismatch,
+)
 
 #: Every rank raises within this many seconds (the group timeout is 60 s).
 FAIL_FAST_S = 5.0
@@ -108,6 +115,77 @@ def test_a_rank_that_raises_holds_nothing_of_another_call(kind, shm):
         assert any(_same_bits(values, a) for a in allowed), (
             f"rank {rank} raised and left data of another call in its buffer: "
             f"{values.tolist()}")
+
+
+#: Collectives that take a reduce op, and every collective that takes a dtype.
+REDUCING = ("all_reduce", "reduce", "reduce_scatter_tensor")
+TYPED = ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+         "gather", "scatter", "all_to_all_single")
+#: (op, what rank ODD changes, COLLS_SHM): equal byte counts everywhere, so only the signature
+#: tells the calls apart; each on the tcp message path and on shared memory.
+SIGNATURE_CASES = [
+    (op, kind, shm)
+    for kind, ops in (("reduce_op", REDUCING), ("dtype", TYPED))
+    for op in ops
+    for shm in ("0", "1")
+]
+PAIR = 2
+PAIR_ODD = 1
+
+
+def _signature_own_result(op: str, kind: str, rank: int) -> np.ndarray:
+    """Return what ``rank``'s own call leaves in its buffer had every rank made that call."""
+    mine = rank == PAIR_ODD
+    dtype = np.int32 if kind == "dtype" and mine else np.float32
+    xs = np.stack([signature_input(r).view(dtype) for r in range(PAIR)])
+    reduced = (np.maximum if kind == "reduce_op" and mine else np.add).reduce(
+        xs, axis=0, dtype=dtype)  # int32 wraps, as colls does
+    chunk = xs.shape[1] // PAIR
+    mine_chunk = slice(rank * chunk, (rank + 1) * chunk)
+    results = {
+        "all_reduce": reduced,
+        "broadcast": xs[0],
+        "reduce": reduced if rank == 0 else xs[rank],
+        "all_gather_into_tensor": xs.reshape(-1),
+        "reduce_scatter_tensor": reduced[mine_chunk],
+        "gather": xs.reshape(-1) if rank == 0 else xs[rank],
+        "scatter": xs[0][mine_chunk],
+        "all_to_all_single": xs[:, mine_chunk].reshape(-1),
+    }
+    return results[op]
+
+
+def _signature_untouched(op: str, kind: str, rank: int) -> np.ndarray:
+    """Return ``rank``'s buffer before the call (the input in place, else zeros)."""
+    own = _signature_own_result(op, kind, rank)
+    if op in ("all_reduce", "broadcast", "reduce") or (op == "gather" and rank != 0):
+        return signature_input(rank).view(own.dtype)
+    return np.zeros_like(own)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("op", "kind", "shm"), SIGNATURE_CASES)
+def test_equal_size_calls_with_another_dtype_or_reduce_op_raise(op, kind, shm):
+    """Rank 1 passes the same bytes as another dtype, or another reduce op: both ranks raise.
+
+    Nothing of the other rank's call may reach a buffer: each element holds what it held
+    before or its own call's correct result (a rank copies its own part of a gather before it
+    waits; a rank whose part needed nobody returns, then its next call raises).
+    """
+    results = run_faulty(signature_mismatch, PAIR, victims=(), args=(op, kind, PAIR_ODD),
+                         env={"COLLS_SHM": shm})
+    for rank, got in results.items():
+        first, second = got["first"], got["second"]
+        raised = first if first["type"] is not None else second
+        assert raised["type"] == "BackendError", (rank, got)
+        assert "mismatched collectives" in raised["message"], (rank, raised)
+        assert first["elapsed"] + second["elapsed"] < FAIL_FAST_S, (rank, got)
+        held = np.frombuffer(got["held"], dtype=np.uint32)
+        before = _signature_untouched(op, kind, rank).view(np.uint32)
+        own = _signature_own_result(op, kind, rank).view(np.uint32)
+        assert held.shape == own.shape and ((held == before) | (held == own)).all(), (
+            f"rank {rank} holds bytes of another call after {op}: {held.tolist()} "
+            f"(before: {before.tolist()}, its own result: {own.tolist()})")
 
 
 @pytest.mark.timeout(90)

@@ -12,7 +12,7 @@ import pytest
 import shm_workers
 from tcp_helpers import run_ranks
 
-from colls import dtypes
+from colls import dtypes, fingerprint
 from colls.errors import BackendError, CollsTimeoutError
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls.store import HashStore
@@ -95,12 +95,19 @@ def test_algorithm_override_bypasses_shm(group, monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_mismatched_collectives_raise_instead_of_mixing_data(group):
+    """The shm path compares the tags (sequence number and signature) that colls gives calls."""
     backends = group(2, name="mismatch")
     arrays = [np.zeros(8), np.zeros(16)]
+    tags = [
+        fingerprint.collective_tag(
+            0, fingerprint.CallRecord("all_reduce", "float64", a.shape, None, "SUM").signature())
+        for a in arrays
+    ]
 
     def body(rank):
-        with pytest.raises(BackendError, match="rank [01] runs a different collective"):
-            backends[rank].all_reduce(arrays[rank], SUM_F64, -1)
+        with pytest.raises(BackendError, match=f"mismatched collectives: collective #0 "
+                           f"\\(all_reduce\\) was called with a different .* on rank {1 - rank}"):
+            backends[rank].all_reduce(arrays[rank], SUM_F64, tags[rank])
         return True
 
     assert run_ranks(body, 2) == [True, True]
