@@ -126,9 +126,11 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "COLLS_AUTH_TOKEN", _parse_str, "",
-            "Shared secret: when set, every TCPStore and tcp peer connection must prove it "
-            "knows it (HMAC-SHA256 challenge-response) before anything else is read; strangers "
-            "are refused and logged. Set the same value on every rank (see docs/reliability.md).",
+            "Shared secret (at least 16 bytes): when set, every TCPStore and tcp peer "
+            "connection must prove it knows it (HMAC-SHA256 challenge-response) before anything "
+            "else is read; strangers are refused and logged. Set the same value on every rank; "
+            "colls-run sets a random one for single-node jobs unless it is set "
+            "(see docs/reliability.md).",
         ),
         Setting(
             "COLLS_HANDSHAKE_TIMEOUT", _parse_positive_float, 10.0,

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from colls import env
-from colls.run.config import START_METHODS, LaunchConfig, find_free_port
+from colls.run.config import START_METHODS, LaunchConfig, find_free_port, job_token
 from colls.run.processes import SignalCatcher, launch
 
 PROG = "colls-run"
@@ -167,6 +167,7 @@ def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
             no_python=args.no_python,
             tag_output=args.tag_output,
             start_method=start_method,
+            auth_token=job_token(args.nnodes, os.environ),
         )
     except ValueError as exc:
         parser.error(str(exc).removeprefix(f"{PROG}: "))

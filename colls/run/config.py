@@ -8,10 +8,13 @@ colls-run must start in a few milliseconds.
 
 from __future__ import annotations
 
+import secrets
 import socket
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
+#: The variable the workers read their shared secret from (colls.auth).
+AUTH_TOKEN_VAR = "COLLS_AUTH_TOKEN"
 #: Highest TCP port number.
 MAX_PORT = 65535
 
@@ -38,6 +41,7 @@ class LaunchConfig:
         tag_output: Prefix every output line of each worker with ``[rank N]: ``.
         start_method: ``fork`` or ``exec`` (one of START_METHODS); ``fork`` falls back to ``exec``
             where it cannot apply (see colls.run.forking.use_fork).
+        auth_token: COLLS_AUTH_TOKEN handed to the workers ("": none; see :func:`job_token`).
     """
 
     script: str
@@ -51,6 +55,7 @@ class LaunchConfig:
     no_python: bool = False
     tag_output: bool = False
     start_method: str = "fork"
+    auth_token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         """Check ranges and flag combinations; the messages name the flag and the value."""
@@ -100,6 +105,19 @@ class LaunchConfig:
         """
         if self.nproc_per_node > 1:
             env.setdefault("OMP_NUM_THREADS", "1")
+
+
+def job_token(nnodes: int, environ: Mapping[str, str]) -> str:
+    """Return the COLLS_AUTH_TOKEN colls-run makes for its workers, or "" to make none.
+
+    A single-node job gets a fresh random token (256 bits from :mod:`secrets`), so its store and
+    mesh let in only its own workers. None is made when the user set COLLS_AUTH_TOKEN (theirs
+    wins, and an explicitly empty one turns authentication off), nor for ``nnodes > 1``: the
+    launchers of other nodes could not know it, so such jobs set COLLS_AUTH_TOKEN on every node.
+    """
+    if AUTH_TOKEN_VAR in environ or nnodes > 1:
+        return ""
+    return secrets.token_hex(32)
 
 
 def _require_positive(flag: str, value: int) -> None:

@@ -27,7 +27,7 @@ from types import FrameType, TracebackType
 from typing import IO, BinaryIO, Protocol
 
 from colls.run import forking
-from colls.run.config import LaunchConfig
+from colls.run.config import AUTH_TOKEN_VAR, LaunchConfig
 from colls.run.failures import (
     SIGNAL_EXIT_BASE,
     WorkerOutcome,
@@ -113,6 +113,8 @@ def worker_env(
         local_rank: The worker's rank on this node.
         error_file: Where the worker writes its traceback (exported as COLLS_ERROR_FILE).
         base: The environment to extend; the launcher's own when None.
+
+    The job's ``config.auth_token`` becomes COLLS_AUTH_TOKEN unless ``base`` has one.
     """
     env = dict(os.environ if base is None else base)
     env.update(
@@ -125,6 +127,8 @@ def worker_env(
         MASTER_PORT=str(config.master_port),
         COLLS_ERROR_FILE=error_file,
     )
+    if config.auth_token:
+        env.setdefault(AUTH_TOKEN_VAR, config.auth_token)
     config.apply_thread_defaults(env)
     return env
 

@@ -235,8 +235,14 @@ class TCPStore(Store):
             raise
 
     def _auth_reply(self, sock: socket.socket, step: str) -> list[bytes]:
+        """Read the reply to one step of the handshake, capped as the server caps its frames.
+
+        The server has not proved itself yet (or, without a token, anything may be listening on
+        the port), so a header announcing more than MAX_PREAUTH_PAYLOAD_BYTES is refused before
+        anything is allocated for it.
+        """
         try:
-            status, fields = self._receive(sock)
+            status, fields = self._receive(sock, _wire.MAX_PREAUTH_PAYLOAD_BYTES)
         except (OSError, _wire.ProtocolError) as exc:
             raise NetworkError(
                 f"{self.description}: connection lost during authentication ({step}): {exc}"
@@ -357,8 +363,10 @@ class TCPStore(Store):
             pos += got
         return buffer
 
-    def _receive(self, sock: socket.socket) -> tuple[int, list[bytes]]:
-        """Read one reply frame; small replies (most) arrive in a single ``recv``."""
+    def _receive(
+        self, sock: socket.socket, limit: int = _wire.MAX_PAYLOAD_BYTES
+    ) -> tuple[int, list[bytes]]:
+        """Read one reply frame of at most ``limit`` payload bytes; most arrive in one ``recv``."""
         data = sock.recv(RECV_BYTES)
         while len(data) < _wire.HEADER.size:
             if not data:
@@ -367,7 +375,7 @@ class TCPStore(Store):
             if not more:
                 raise ConnectionError("the store server closed the connection")
             data += more
-        status, length = _wire.decode_header(memoryview(data)[: _wire.HEADER.size])
+        status, length = _wire.decode_header(memoryview(data)[: _wire.HEADER.size], limit)
         body = memoryview(data)[_wire.HEADER.size :]
         if len(body) < length:
             rest = self._recv_exact(sock, length - len(body))

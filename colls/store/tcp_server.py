@@ -15,7 +15,8 @@ stalls in the middle of a frame that long, is dropped as half-open. With an ``au
 (:mod:`colls.auth`) every connection must run the AUTH / AUTH_PROOF challenge-response before any
 other command is read, and until then its frames are capped at a few hundred bytes; a wrong or
 missing token is answered with an ERROR, logged with the peer's address, and the connection
-closed.
+closed. A server bound to an address other hosts can reach, without a token, warns once
+(:func:`colls.auth.warn_if_exposed`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from colls import env
+from colls import auth, env
 from colls.errors import NetworkError, StoreError
 from colls.store import _wire
 from colls.store._guard import GuardMixin
@@ -125,6 +126,7 @@ class StoreServer(GuardMixin):
         self._listener = bind_listener(host, port)
         self.host = host
         self.port: int = self._listener.getsockname()[1]
+        auth.warn_if_exposed("TCPStore", self._listener.getsockname()[0], self.port, auth_token)
         self._data: dict[bytes, bytes] = {}
         self._waiting: dict[bytes, set[_Waiter]] = {}
         self._deadlines: list[tuple[float, int, _Waiter]] = []

@@ -19,6 +19,8 @@ token of the TCPStore the group rendezvous through) the connecting rank opens wi
 HMAC proof (:mod:`colls.auth`), and only after checking the connecting rank's proof does it read
 the hello. In the step that reads the answers the connecting rank checks the accepting rank's
 proof and sends its own proof followed by its hello, so the no-deadlock order above still holds.
+Without a token, a listener on an address other hosts can reach warns once
+(:func:`colls.auth.warn_if_exposed`).
 
 The advertised address is ``COLLS_TCP_HOST`` when set; otherwise the address this host uses to
 reach the TCPStore's server (127.0.0.1 when that server is on loopback), and 127.0.0.1 for
@@ -219,6 +221,7 @@ class _Setup:
     # -- step 1: publish ------------------------------------------------------------------------
     def publish(self, listener: socket.socket) -> None:
         host, port = listener.getsockname()[:2]
+        auth.warn_if_exposed("tcp peer listener", host, port, self.token)
         self.address = join_address(host, port)
         self.store.set(ADDRESS_KEY.format(rank=self.rank), self.address.encode())
 

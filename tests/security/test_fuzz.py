@@ -91,7 +91,7 @@ def _settle(count, target: int, limit: float = 10.0) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("token", [None, "fuzz-token"])
+@pytest.mark.parametrize("token", [None, "fuzz-token-of-24-bytes!"])
 def test_store_server_survives_malformed_bytes(token, monkeypatch):
     monkeypatch.delenv("COLLS_AUTH_TOKEN", raising=False)
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=10, auth_token=token)
@@ -128,7 +128,7 @@ def test_store_server_survives_malformed_bytes(token, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("token", [None, "fuzz-token"])
+@pytest.mark.parametrize("token", [None, "fuzz-token-of-24-bytes!"])
 def test_peer_listener_survives_malformed_bytes(token, monkeypatch):
     monkeypatch.setenv("COLLS_SHM", "0")
     monkeypatch.delenv("COLLS_AUTH_TOKEN", raising=False)

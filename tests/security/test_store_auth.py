@@ -18,6 +18,8 @@ from colls.store._wire import Command, Status
 from colls.testing.spawn import free_port
 
 TOKEN = "correct horse battery staple"
+#: Another token, long enough to be accepted.
+WRONG = "not the token, but long enough"
 
 
 @pytest.fixture
@@ -60,7 +62,7 @@ def test_token_comes_from_the_environment(master, monkeypatch):
 def test_wrong_token_is_refused_and_logged(master, caplog):
     caplog.set_level(logging.WARNING, logger="colls.store")
     with pytest.raises(StoreError, match="could not prove it knows COLLS_AUTH_TOKEN"):
-        TCPStore("127.0.0.1", master.port, timeout=5, auth_token="wrong")
+        TCPStore("127.0.0.1", master.port, timeout=5, auth_token=WRONG)
     assert not master.check(["__colls_store__/join/count"])
 
 
@@ -97,7 +99,7 @@ def test_the_job_does_not_start_with_a_wrong_token():
     thread = threading.Thread(target=run_master, daemon=True)
     thread.start()
     with pytest.raises(StoreError, match="could not prove it knows COLLS_AUTH_TOKEN"):
-        TCPStore("127.0.0.1", port, world_size=2, timeout=2.0, auth_token="not the token")
+        TCPStore("127.0.0.1", port, world_size=2, timeout=2.0, auth_token=WRONG)
     thread.join(30)
     assert len(outcome) == 1 and isinstance(outcome[0], StoreTimeoutError), outcome
     assert "only 1 of world_size=2 clients joined" in str(outcome[0])

@@ -21,6 +21,10 @@ from colls.errors import CollsError
 from colls.store import HashStore
 from colls_plugins.tcp.connections import ADDRESS_KEY, open_listener
 
+#: The group's token, and another one (both long enough to be accepted).
+TOKEN = "open sesame, at least 16 bytes"
+WRONG = "a wrong token, long enough too"
+
 
 def _close_all(items) -> None:
     for item in items:
@@ -99,7 +103,7 @@ def test_a_silent_stranger_is_dropped_and_setup_goes_on(monkeypatch, caplog):
 def test_peers_with_the_same_token_connect(monkeypatch):
     monkeypatch.setenv("COLLS_SHM", "0")
     store = HashStore()
-    backends = run_threads(lambda r: backend(store, r, 3, token="sesame"), 3)
+    backends = run_threads(lambda r: backend(store, r, 3, token=TOKEN), 3)
     try:
         assert not any(isinstance(b, BaseException) for b in backends), backends
         assert _exchange(backends) == [1.0, 2.0, 3.0]
@@ -108,12 +112,12 @@ def test_peers_with_the_same_token_connect(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("other", ["wrong", None])
+@pytest.mark.parametrize("other", [WRONG, None])
 def test_a_rank_with_another_token_cannot_join(monkeypatch, caplog, other):
     monkeypatch.delenv("COLLS_AUTH_TOKEN", raising=False)
     caplog.set_level(logging.WARNING, logger="colls.tcp")
     store = HashStore()
-    tokens = ["sesame", other]
+    tokens = [TOKEN, other]
     results = run_threads(lambda r: backend(store, r, 2, token=tokens[r], timeout=2.0), 2)
     try:
         assert all(isinstance(r, CollsError) for r in results), results
