@@ -3,15 +3,20 @@
 Two layers, both built here and called from :mod:`colls._dispatch`:
 
 * **Signature in every tag** (always on, free). A collective's tag is negative and encodes its
-  sequence number together with a 24-bit *signature* of what all ranks must agree on: the
-  operation (8 bits, readable back) and a 16-bit hash of the dtype, the agreed element count,
-  the root and the reduce op. Messages of mismatched calls therefore carry different tags and are
-  never matched to each other, so no rank combines bytes of another collective. A transport that
-  matches by tag (tcp) turns "a message with the same sequence number but another signature" into
-  an immediate error naming the peer (see :func:`describe_tag_conflict`); one that does not still
-  cannot mix the data, and its timeout ends the call.
+  sequence number together with a 40-bit *signature* of what all ranks must agree on: the
+  operation (8 bits, readable back) and a 32-bit hash (CRC-32) of the dtype, the agreed element
+  count, the root and the reduce op. Messages of mismatched calls therefore carry different tags
+  and are never matched to each other, so no rank combines bytes of another collective; two
+  different calls of one op collide with probability 2**-32. A transport that matches by tag
+  (tcp) turns "a message with the same sequence number but another signature" into an immediate
+  error naming the peer (see :func:`describe_tag_conflict`); one that does not still cannot mix
+  the data, and its timeout ends the call.
 
-  Layout: ``tag = -(1 + (sequence << 24 | op_code << 16 | hash16))``.
+  Layout: ``tag = -(1 + (sequence % 2**22 << 40 | op_code << 32 | hash32))``: above -2**62,
+  so it fits the int64 of tcp's frame headers and shared-memory stamps and never reaches tcp's
+  control-frame tags near -2**63. The sequence number wraps every 2**22 (4,194,304) collectives
+  of a group; tags of collectives that far apart are never in flight together, and
+  :func:`sequence_after` compares wrapped numbers.
 
 * **Full check under** ``COLLS_DEBUG=detail``. Before each collective every rank all-gathers a
   fixed-size text fingerprint (op, sequence number, dtype, shape, root, reduce op, group) through
@@ -37,11 +42,15 @@ import numpy as np
 if TYPE_CHECKING:
     from colls.process_group import ProcessGroup
 
-#: Bits of the tag below the sequence number: 8 for the op code, 16 for the argument hash.
-SIGNATURE_BITS = 24
-_HASH_BITS = 16
+#: Bits of the tag below the sequence number: 8 for the op code, 32 for the argument hash.
+SIGNATURE_BITS = 40
+_HASH_BITS = 32
 _HASH_MASK = (1 << _HASH_BITS) - 1
 _OP_MASK = 0xFF
+#: Bits of the sequence number in a tag (it wraps): tags stay above -2**62, clear of int64's
+#: end where tcp keeps its control-frame tags.
+SEQUENCE_BITS = 62 - SIGNATURE_BITS
+_SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
 #: Op code of operations not in :data:`OP_CODES` (checked by hash only).
 UNKNOWN_OP_CODE = 0xFF
 
@@ -119,7 +128,7 @@ class CallRecord:
         return None if self.shape is None else math.prod(self.shape)
 
     def signature(self) -> int:
-        """Return the 24-bit signature carried by this call's tag (memoised: read per call)."""
+        """Return the 40-bit signature carried by this call's tag (memoised: read per call)."""
         key = (self.op, self.dtype, self.shape, self.root, self.reduce_op)
         found = _SIGNATURES.get(key)
         if found is None:
@@ -149,13 +158,24 @@ class CallRecord:
 
 
 def collective_tag(seq: int, signature: int) -> int:
-    """Return the (negative) tag of collective number ``seq`` with ``signature``."""
-    return -1 - ((seq << SIGNATURE_BITS) | (signature & ((1 << SIGNATURE_BITS) - 1)))
+    """Return the (negative, int64) tag of collective number ``seq`` with ``signature``."""
+    return -1 - (((seq & _SEQUENCE_MASK) << SIGNATURE_BITS)
+                 | (signature & ((1 << SIGNATURE_BITS) - 1)))
 
 
 def tag_sequence(tag: int) -> int:
-    """Return the sequence number encoded in a collective (negative) tag."""
+    """Return the sequence number encoded in a collective (negative) tag (modulo 2**22)."""
     return (-1 - tag) >> SIGNATURE_BITS
+
+
+def sequence_after(a: int, b: int) -> bool:
+    """Return whether tag sequence number ``a`` comes after ``b`` (serial-number arithmetic).
+
+    Numbers wrap modulo 2**SEQUENCE_BITS; ``a`` is after ``b`` when it is less than half the
+    range ahead, which holds for any two collectives whose messages can meet.
+    """
+    ahead = (a - b) & _SEQUENCE_MASK
+    return 0 < ahead < 1 << (SEQUENCE_BITS - 1)
 
 
 def _tag_op(tag: int) -> str:
@@ -175,7 +195,7 @@ def describe_tag_conflict(
     """
     seq, other_seq = tag_sequence(expected), tag_sequence(arrived)
     mine, theirs = _tag_op(expected), _tag_op(arrived)
-    if other_seq > seq:
+    if sequence_after(other_seq, seq):
         return (
             f"mismatched collectives: rank {peer} moved on to collective #{other_seq} "
             f"({theirs}) without sending what {holder} expects in collective #{seq} "
@@ -277,5 +297,6 @@ __all__ = [
     "collective_tag",
     "describe_tag_conflict",
     "explain",
+    "sequence_after",
     "tag_sequence",
 ]

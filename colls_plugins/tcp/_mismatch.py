@@ -22,7 +22,7 @@ Everything runs under the engine's lock and costs a dict lookup per collective m
 
 from __future__ import annotations
 
-from colls.fingerprint import describe_tag_conflict, tag_sequence
+from colls.fingerprint import describe_tag_conflict, sequence_after, tag_sequence
 from colls.matching import MatchTable, RecvOp
 from colls_plugins.tcp._frames import GOODBYE_TAG
 
@@ -119,7 +119,7 @@ class Tracker:
         if matched:
             return [], ""
         posted = self._posted.get(src)
-        if posted is None or tag_sequence(posted) >= tag_sequence(tag):
+        if posted is None or not sequence_after(tag_sequence(tag), tag_sequence(posted)):
             return [], ""
         if not table.has_posted(src, posted):
             return [], ""

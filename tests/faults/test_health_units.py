@@ -11,11 +11,14 @@ import pytest
 
 from colls.errors import BackendError, CollsTimeoutError, NetworkError
 from colls.fingerprint import (
+    SEQUENCE_BITS,
+    SIGNATURE_BITS,
     CallRecord,
     CollectiveMismatchError,
     collective_tag,
     describe_tag_conflict,
     explain,
+    sequence_after,
     tag_sequence,
 )
 from colls.health import FailureRecord, GroupHealth
@@ -64,15 +67,43 @@ def test_tags_keep_the_sequence_and_differ_by_signature():
     a = CallRecord("all_reduce", "float32", (4,), None, "SUM")
     b = CallRecord("broadcast", "float32", (4,), 0, None)
     c = CallRecord("all_reduce", "float32", (2, 2), None, "SUM")  # same numel
-    for seq in (0, 1, 12345, (1 << 39) - 1):
+    for seq in (0, 1, 12345, (1 << SEQUENCE_BITS) - 1):
         tag = collective_tag(seq, a.signature())
         assert tag < 0 and tag_sequence(tag) == seq
+    # the sequence number wraps; the tag stays clear of tcp's control-frame tags near -2**63
+    assert tag_sequence(collective_tag(1 << SEQUENCE_BITS, a.signature())) == 0
+    extreme = collective_tag((1 << SEQUENCE_BITS) - 1, (1 << SIGNATURE_BITS) - 1)
+    assert PROBE_TAG < -(1 << 62) <= extreme < 0
     assert a.signature() != b.signature()
     assert a.signature() == c.signature()  # the tag checks element counts, not shapes
     message = describe_tag_conflict(collective_tag(3, a.signature()),
                                     collective_tag(3, b.signature()), 2)
     assert message == ("mismatched collectives: collective #3 is all_reduce on this rank but "
                        "broadcast on rank 2")
+
+
+def test_sequence_numbers_compare_across_the_wrap():
+    top = (1 << SEQUENCE_BITS) - 1
+    assert sequence_after(5, 4) and not sequence_after(4, 5) and not sequence_after(4, 4)
+    assert sequence_after(0, top) and sequence_after(3, top - 2) and not sequence_after(top, 0)
+    moved_on = describe_tag_conflict(collective_tag(top, 0x0100000001),
+                                     collective_tag(top + 1, 0x0100000001), 1)
+    assert "rank 1 moved on to collective #0" in moved_on, moved_on
+
+
+def test_signatures_of_equal_size_calls_differ_in_32_bits():
+    """Calls that differ only in dtype (same bytes), reduce op or root get different 32-bit
+    hashes, and over many distinct calls of one op the hashes never collide (a 16-bit hash
+    would: 2,000 values collide with probability 1 - exp(-2000**2 / 2**17), about 1)."""
+    base = CallRecord("all_reduce", "float32", (4,), None, "SUM")
+    variants = [CallRecord("all_reduce", "int32", (4,), None, "SUM"),
+                CallRecord("all_reduce", "float32", (4,), None, "MAX"),
+                CallRecord("reduce", "float32", (4,), 1, "SUM")]
+    assert all(v.signature() != base.signature() for v in variants)
+    assert base.signature() >> 32 == 1  # the op code sits above the 32-bit hash
+    hashes = {CallRecord("broadcast", "float32", (n,), root, None).signature()
+              for n in range(1, 201) for root in range(10)}
+    assert len(hashes) == 2000
 
 
 def test_explain_names_the_odd_rank_against_the_majority():
