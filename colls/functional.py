@@ -3,7 +3,7 @@
 For immutable arrays (JAX) and for code that prefers values to mutation. Each function copies the
 input once into a NumPy scratch buffer, runs the in-place collective on it, and returns the
 result as an array of the input's framework (NumPy, torch, JAX). CPU arrays only: a CUDA array
-is a ``TypeError`` (colls is CPU only today; GPU support is planned).
+is a ``TypeError`` (no GPU path of colls has run on a GPU yet).
 """
 
 from __future__ import annotations

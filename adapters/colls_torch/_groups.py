@@ -168,7 +168,7 @@ def is_mpi_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """Return whether a colls backend named nccl is usable here (colls ships none yet)."""
+    """Return whether colls' nccl backend is usable here (CuPy, NCCL and a CUDA device)."""
     return _usable("nccl")
 
 
@@ -339,7 +339,7 @@ def get_default_backend_for_device(device: str | torch.device) -> str:
     """Return the backend name to pass to init_process_group for tensors on ``device``.
 
     Torch's names: "gloo" (colls' tcp) for CPU; for CUDA "nccl" when a colls backend named
-    nccl is usable here (colls ships none yet), else "gloo", which moves CUDA tensors through
+    nccl is usable here (CuPy, NCCL and a device), else "gloo", which moves CUDA tensors through
     host memory.
 
     Raises:
