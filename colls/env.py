@@ -139,6 +139,21 @@ SETTINGS: dict[str, Setting] = {
             "half-open.",
         ),
         Setting(
+            "COLLS_KEEPALIVE_IDLE", _parse_positive_int, 5,
+            "Seconds a TCPStore or tcp peer connection may stay silent before the kernel "
+            "probes whether its peer's host is still there (TCP keepalive).",
+        ),
+        Setting(
+            "COLLS_KEEPALIVE_INTERVAL", _parse_positive_int, 2,
+            "Seconds between two keepalive probes of a silent connection.",
+        ),
+        Setting(
+            "COLLS_KEEPALIVE_COUNT", _parse_positive_int, 5,
+            "Unanswered keepalive probes after which a connection is dropped as lost; data "
+            "unacknowledged for IDLE + INTERVAL * COUNT seconds (15 s by default) drops it "
+            "too (TCP_USER_TIMEOUT).",
+        ),
+        Setting(
             "COLLS_ERROR_FILE", _parse_str, "",
             "Set by colls-run for each worker: the file where the worker wrapper writes the "
             "traceback of an uncaught exception, for the launcher's root-cause report.",

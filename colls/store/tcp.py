@@ -25,6 +25,7 @@ import time
 
 from colls import auth
 from colls.errors import NetworkError, StoreError, StoreTimeoutError
+from colls.sockets import enable_keepalive
 from colls.store import _wire
 from colls.store._wire import Command, Status
 from colls.store.base import (
@@ -193,6 +194,7 @@ class TCPStore(Store):
                 delay = min(delay * 2, CONNECT_RETRY_MAX_S)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            enable_keepalive(sock)
             self._authenticate(sock, ping=True)
             return sock
 
@@ -330,6 +332,7 @@ class TCPStore(Store):
         except OSError as exc:
             raise NetworkError(f"{self.description}: could not connect: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        enable_keepalive(sock)
         self._authenticate(sock)
         with self._lock:
             if not self._closed:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from colls import auth, env
 from colls.errors import NetworkError, StoreError
+from colls.sockets import enable_keepalive
 from colls.store import _wire
 from colls.store._guard import GuardMixin
 from colls.store._wire import Command, ProtocolError, Status
@@ -246,6 +247,7 @@ class StoreServer(GuardMixin):
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            enable_keepalive(sock)
             conn = _Connection(sock=sock, peer=f"{addr[0]}:{addr[1]}")
             if self._token is not None:
                 conn.reader.limit = _wire.MAX_PREAUTH_PAYLOAD_BYTES
