@@ -35,6 +35,7 @@ class GuardMixin:
     _token: bytes | None
     _handshake_s: float
     _half_open: list[tuple[float, int, _Connection]]
+    _unestablished: dict[_Connection, None]
     _sequence: Any
     address: str
 
@@ -55,10 +56,11 @@ class GuardMixin:
         heapq.heappush(self._half_open, (conn.deadline, next(self._sequence), conn))
 
     def _rearm(self, conn: _Connection) -> None:
-        """After a read: clear the deadline, or start one for a frame left half-sent."""
+        """After its input was processed: clear the deadline, or start one for a frame left
+        half-sent (not while its requests are paused: then the server is the one waiting)."""
         if conn.closed or not conn.established:
             return  # the accept-time deadline stays
-        if conn.parked is None and conn.reader.has_partial():
+        if not conn.paused and conn.reader.has_partial():
             if conn.deadline is None:
                 self._arm(conn)
         else:
@@ -83,14 +85,19 @@ class GuardMixin:
                 self._refuse(conn, "this TCPStore has no auth token but the client sent one; "
                              "set the same COLLS_AUTH_TOKEN on every rank (or on none)")
                 return False
-            conn.established = True
-            conn.deadline = None
+            self._establish(conn)
             return True
         if command in (Command.AUTH, Command.AUTH_PROOF):
             return True
         self._refuse(conn, "authentication required: this TCPStore only serves clients "
                      "that know its COLLS_AUTH_TOKEN")
         return False
+
+    def _establish(self, conn: _Connection) -> None:
+        """Mark ``conn`` established: no handshake deadline, no longer counted against the cap."""
+        conn.established = True
+        conn.deadline = None
+        self._unestablished.pop(conn, None)
 
     def _refuse(self, conn: _Connection, message: str) -> None:
         logger.warning("TCPStore %s: refused connection from %s: %s",
@@ -122,8 +129,7 @@ class GuardMixin:
                            conn.client_nonce, fields[0]):
             self._refuse(conn, "authentication failed: wrong COLLS_AUTH_TOKEN")
             return
-        conn.established = True
-        conn.deadline = None
+        self._establish(conn)
         conn.reader.limit = _wire.MAX_PAYLOAD_BYTES
         self._reply(conn, Status.OK, [])
 

@@ -54,6 +54,8 @@ VERSION = 1
 HEADER = struct.Struct("!2sBBQ")
 FIELD_LEN = struct.Struct("!I")
 INT64 = struct.Struct("!q")
+#: Range of integer fields (and so of ADD counters).
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 #: Largest value a store accepts (torch has no hard limit; 1 GiB bounds server memory per frame).
 MAX_VALUE_BYTES = 1 << 30
@@ -208,6 +210,11 @@ class FrameReader:
     def feed(self, data: bytes) -> None:
         """Append bytes received from the socket."""
         self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet consumed as frames."""
+        return len(self._buffer)
 
     def has_partial(self) -> bool:
         """Return whether part of a frame is buffered (a started frame not yet complete)."""

@@ -17,6 +17,20 @@ other command is read, and until then its frames are capped at a few hundred byt
 missing token is answered with an ERROR, logged with the peer's address, and the connection
 closed. A server bound to an address other hosts can reach, without a token, warns once
 (:func:`colls.auth.warn_if_exposed`).
+
+A hostile or broken client cannot make the server hold unbounded memory or spin:
+
+* Back-pressure: while a connection's requests are paused, because one is parked or because its
+  unsent replies exceed :data:`MAX_UNSENT_REPLY_BYTES` (a client that pipelines requests and never
+  reads), the server parses nothing more from it and reads on only up to
+  :data:`MAX_PAUSED_INPUT_BYTES`; the kernel's buffers then push back on the client. Reading
+  resumes when the request is answered or the replies drain, and a frame left half-sent then gets
+  the half-open deadline again.
+* Connections that have not established themselves (authenticated, or without a token sent a
+  first frame) are capped at ``max_unestablished`` (:data:`MAX_UNESTABLISHED_CONNECTIONS`); a new
+  one beyond the cap evicts the oldest, so idle sockets cannot take every descriptor and an honest
+  client, which authenticates at once, still gets in.
+* Out of file descriptors, the listener pauses instead of spinning (:mod:`colls.store._listener`).
 """
 
 from __future__ import annotations
@@ -33,24 +47,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from colls import auth, env
-from colls.errors import NetworkError, StoreError
+from colls.errors import StoreError
 from colls.sockets import enable_keepalive
 from colls.store import _wire
+from colls.store._commands import CommandsMixin
 from colls.store._guard import GuardMixin
+from colls.store._listener import LISTEN_BACKLOG, Listener, bind_listener, format_address
 from colls.store._wire import Command, ProtocolError, Status
-from colls.store.base import INTERNAL_KEY_PREFIX
 
 logger = logging.getLogger("colls.store")
 
-#: Pending connections the kernel queues for accept (capped by net.core.somaxconn).
-LISTEN_BACKLOG = 4096
 #: Bytes read from a client socket per readiness event.
 RECV_BYTES = 256 * 1024
 #: Seconds close() waits for the loop thread to finish.
 STOP_JOIN_TIMEOUT_S = 10.0
-
-_INTERNAL_PREFIX = INTERNAL_KEY_PREFIX.encode("utf-8")
-
+#: Unsent reply bytes of one connection past which its requests are no longer read. An honest
+#: client has one request in flight; one that pipelines GETs of a large value without reading
+#: the replies would otherwise make the server copy the value once per request (40 GETs of an
+#: 8 MiB value: 320 MiB). A few MiB keeps replies streaming at full speed.
+MAX_UNSENT_REPLY_BYTES = 4 << 20
+#: Input buffered from a connection whose requests are paused, past which the server stops
+#: reading it: the client cannot make it hold more bytes it will not parse yet. Below it the
+#: server keeps reading, so a client that hangs up while parked is still noticed.
+MAX_PAUSED_INPUT_BYTES = 1 << 20
+#: Default cap on connections that have not established themselves yet. Honest clients do so in
+#: one round trip, so the cap is met only by a flood of idle or slow sockets, which it keeps from
+#: taking every file descriptor; it is well above the thousands of clients that join at once
+#: only because those leave the count within milliseconds.
+MAX_UNESTABLISHED_CONNECTIONS = 1024
 
 @dataclass(eq=False)
 class _Waiter:
@@ -72,6 +96,8 @@ class _Connection:
     peer: str
     reader: _wire.FrameReader = field(default_factory=_wire.FrameReader)
     outbox: collections.deque[memoryview] = field(default_factory=collections.deque)
+    outbox_bytes: int = 0
+    events: int = 0  # selector events registered (0: not registered)
     parked: _Waiter | None = None
     closed: bool = False
     established: bool = False  # authenticated, or (without a token) sent a complete frame
@@ -79,66 +105,58 @@ class _Connection:
     client_nonce: bytes = b""
     server_nonce: bytes = b""
 
+    @property
+    def paused(self) -> bool:
+        """Whether its requests wait for the server (a parked one, or replies to drain)."""
+        return self.parked is not None or self.outbox_bytes > MAX_UNSENT_REPLY_BYTES
+
 
 Handler = Callable[[_Connection, list[bytes]], None]
 
 
-def _format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+class StoreServer(CommandsMixin, GuardMixin):
+    """The key-value server of a master TCPStore; see the module docstring.
 
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """Return a non-blocking listening socket bound to ``host``:``port`` only.
-
-    Raises:
-        NetworkError: the address cannot be resolved or bound (names host:port).
+    Args:
+        host, port: the address to bind (only it); port 0 lets the OS pick (see :attr:`port`).
+        auth_token: the shared secret clients must prove they know (:mod:`colls.auth`), or None.
+        handshake_timeout: seconds a connection has to establish itself or finish a frame;
+            None reads ``COLLS_HANDSHAKE_TIMEOUT``.
+        max_unestablished: connections not yet established kept at once (the oldest goes).
     """
-    address = _format_address(host, port)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except OSError as exc:
-        raise NetworkError(f"TCPStore {address}: cannot resolve host {host!r}: {exc}") from exc
-    family, type_, proto, _, sockaddr = infos[0]
-    sock = socket.socket(family, type_, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(LISTEN_BACKLOG)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise NetworkError(f"TCPStore {address}: cannot listen: {exc}") from exc
-    return sock
-
-
-class StoreServer(GuardMixin):
-    """The key-value server of a master TCPStore; see the module docstring."""
 
     def __init__(
         self, host: str, port: int, *, auth_token: bytes | None = None,
         handshake_timeout: float | None = None,
+        max_unestablished: int = MAX_UNESTABLISHED_CONNECTIONS,
     ) -> None:
+        if not isinstance(max_unestablished, int) or max_unestablished < 1:
+            raise ValueError(f"StoreServer: max_unestablished must be a positive int, got "
+                             f"{max_unestablished!r}")
         self._token = auth_token
         self._handshake_s = (
             float(env.get("COLLS_HANDSHAKE_TIMEOUT")) if handshake_timeout is None
             else handshake_timeout
         )
         self._half_open: list[tuple[float, int, _Connection]] = []
-        self._listener = bind_listener(host, port)
+        self._max_unestablished = max_unestablished
+        self._unestablished: dict[_Connection, None] = {}  # oldest first
+        self._connections: set[_Connection] = set()
+        self._selector = selectors.DefaultSelector()
+        self._listener = Listener(host, port, self._selector, self._accept)
         self.host = host
-        self.port: int = self._listener.getsockname()[1]
-        auth.warn_if_exposed("TCPStore", self._listener.getsockname()[0], self.port, auth_token)
+        self.port: int = self._listener.sock.getsockname()[1]
+        auth.warn_if_exposed("TCPStore", self._listener.sock.getsockname()[0], self.port,
+                             auth_token)
         self._data: dict[bytes, bytes] = {}
         self._waiting: dict[bytes, set[_Waiter]] = {}
         self._deadlines: list[tuple[float, int, _Waiter]] = []
         self._sequence = itertools.count()
         self._ready: collections.deque[_Connection] = collections.deque()
-        self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._open_connections = 0
         self.handlers: dict[int, Handler] = {
             Command.SET: self._cmd_set,
             Command.GET: self._cmd_get,
@@ -158,21 +176,21 @@ class StoreServer(GuardMixin):
     @property
     def address(self) -> str:
         """``host:port`` of the listener."""
-        return _format_address(self.host, self.port)
+        return format_address(self.host, self.port)
 
     def listener_address(self) -> tuple[str, int]:
         """Return ``getsockname()`` of the listening socket (host, port)."""
-        name = self._listener.getsockname()
+        name = self._listener.sock.getsockname()
         return name[0], name[1]
 
     @property
     def open_connections(self) -> int:
         """Number of client connections the server holds now (its own clients included)."""
-        return self._open_connections
+        return len(self._connections)
 
     def start(self) -> None:
         """Start the event-loop thread (a daemon, so it never blocks interpreter exit)."""
-        self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
+        self._listener.start()
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
         self._thread = threading.Thread(
             target=self._run, name=f"colls-store-server-{self.address}", daemon=True
@@ -205,6 +223,7 @@ class StoreServer(GuardMixin):
                         key.data()
                 self._expire_waiters()
                 self._expire_half_open()
+                self._listener.resume_if_due()
                 while self._ready:
                     self._process(self._ready.popleft())
         except Exception:  # a bug in the server: log it rather than die silently
@@ -213,11 +232,10 @@ class StoreServer(GuardMixin):
             self._cleanup()
 
     def _cleanup(self) -> None:
-        for key in list(self._selector.get_map().values()):
-            if isinstance(key.data, _Connection):
-                self._drop(key.data, None)
-        self._selector.close()
+        for conn in list(self._connections):
+            self._drop(conn, None)
         self._listener.close()
+        self._selector.close()
         self._wake_r.close()
 
     def _select_timeout(self) -> float | None:
@@ -226,6 +244,8 @@ class StoreServer(GuardMixin):
         while self._half_open and self._half_open[0][2].deadline is None:
             heapq.heappop(self._half_open)
         due = [heap[0][0] for heap in (self._deadlines, self._half_open) if heap]
+        if self._listener.resume_at is not None:
+            due.append(self._listener.resume_at)
         if not due:
             return None
         return max(0.0, min(due) - time.monotonic())
@@ -237,23 +257,22 @@ class StoreServer(GuardMixin):
             pass
 
     def _accept(self) -> None:
-        while True:
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE and friends: keep serving the clients we have
-                logger.error("TCPStore %s: accept failed: %s", self.address, exc)
-                return
+        while (accepted := self._listener.accept(self.address)) is not None:
+            sock, addr = accepted
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             enable_keepalive(sock)
             conn = _Connection(sock=sock, peer=f"{addr[0]}:{addr[1]}")
             if self._token is not None:
                 conn.reader.limit = _wire.MAX_PREAUTH_PAYLOAD_BYTES
+            if len(self._unestablished) >= self._max_unestablished:
+                self._drop(next(iter(self._unestablished)),
+                           f"{len(self._unestablished)} connections are waiting to authenticate "
+                           f"(at most {self._max_unestablished}); dropped the oldest")
+            self._connections.add(conn)
+            self._unestablished[conn] = None
             self._arm(conn)
-            self._selector.register(sock, selectors.EVENT_READ, conn)
-            self._open_connections += 1
+            self._update_interest(conn)
 
     def _service(self, conn: _Connection, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
@@ -274,21 +293,20 @@ class StoreServer(GuardMixin):
                 return
             conn.reader.feed(data)
             self._process(conn)
-            self._rearm(conn)
 
     def _process(self, conn: _Connection) -> None:
-        """Run the buffered requests of ``conn`` in order, pausing while one is parked."""
+        """Run the buffered requests of ``conn`` in order, until its requests are paused."""
         try:
-            while conn.parked is None and not conn.closed:
+            while not conn.paused and not conn.closed:
                 frame = next(conn.reader.frames(), None)
                 if frame is None:
-                    return
+                    break
                 command, fields = frame
                 handler = self.handlers.get(command)
                 if handler is None:
                     raise ProtocolError(f"unknown command byte {command}")
                 if not conn.established and not self._admit(conn, command):
-                    return
+                    break
                 try:
                     handler(conn, fields)
                 except ProtocolError:
@@ -300,6 +318,8 @@ class StoreServer(GuardMixin):
         except Exception:  # a server bug must cost one connection, not the whole store
             logger.exception("TCPStore %s: request from %s failed", self.address, conn.peer)
             self._drop(conn, "internal server error")
+        self._rearm(conn)
+        self._update_interest(conn)
 
     def _drop(self, conn: _Connection, reason: str | None) -> None:
         if conn.closed:
@@ -309,26 +329,31 @@ class StoreServer(GuardMixin):
                 "TCPStore %s: closing connection from %s: %s", self.address, conn.peer, reason
             )
         conn.closed = True
-        self._open_connections -= 1
+        self._connections.discard(conn)
+        self._unestablished.pop(conn, None)
         conn.deadline = None  # its half-open heap entry, if any, is now stale
         conn.reader = _wire.FrameReader()  # release buffered input now, not when popped
         conn.outbox.clear()
+        conn.outbox_bytes = 0
         if conn.parked is not None:
             self._unpark(conn.parked)
-        try:
+        if conn.events:
             self._selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
+            conn.events = 0
         conn.sock.close()
+        self._listener.resume()  # a descriptor is free again
 
     # ------------------------------------------------------------------------------ output
     def _reply(self, conn: _Connection, status: Status, fields: list[bytes]) -> None:
         if conn.closed:
             return
-        conn.outbox.append(memoryview(_wire.encode_frame(status, fields)))
+        frame = memoryview(_wire.encode_frame(status, fields))
+        conn.outbox.append(frame)
+        conn.outbox_bytes += len(frame)
         self._flush(conn)
 
     def _flush(self, conn: _Connection) -> None:
+        was_paused = conn.paused
         while conn.outbox:
             try:
                 sent = conn.sock.send(conn.outbox[0])
@@ -337,13 +362,31 @@ class StoreServer(GuardMixin):
             except OSError as exc:
                 self._drop(conn, f"send failed: {exc}")
                 return
+            conn.outbox_bytes -= sent
             if sent < len(conn.outbox[0]):
                 conn.outbox[0] = conn.outbox[0][sent:]
                 break
             conn.outbox.popleft()
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
-        if self._selector.get_key(conn.sock).events != events:
+        if was_paused and not conn.paused:
+            self._ready.append(conn)  # replies drained: run its buffered requests from the loop
+        self._update_interest(conn)
+
+    def _update_interest(self, conn: _Connection) -> None:
+        """Register ``conn`` for the events it needs now (see back-pressure in the docstring)."""
+        if conn.closed:
+            return
+        events = selectors.EVENT_WRITE if conn.outbox else 0
+        if not conn.paused or conn.reader.buffered < MAX_PAUSED_INPUT_BYTES:
+            events |= selectors.EVENT_READ
+        if events == conn.events:
+            return
+        if not conn.events:
+            self._selector.register(conn.sock, events, conn)
+        elif not events:
+            self._selector.unregister(conn.sock)
+        else:
             self._selector.modify(conn.sock, events, conn)
+        conn.events = events
 
     # --------------------------------------------------------------------- parked requests
     def _park_or_answer(
@@ -417,87 +460,6 @@ class StoreServer(GuardMixin):
         self._data[key] = value
         if key in self._waiting:
             self._key_written(key)
-
-    @staticmethod
-    def _expect(fields: list[bytes], count: int, command: str) -> None:
-        if len(fields) != count:
-            raise ProtocolError(f"{command} expects {count} fields, got {len(fields)}")
-
-    def _cmd_set(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 2, "SET")
-        key = _wire.check_key_field(fields[0])
-        self._reply(conn, Status.OK, [])
-        self._store(key, fields[1])
-
-    def _cmd_get(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 2, "GET")
-        timeout = _wire.decode_timeout(fields[0])
-        self._park_or_answer(conn, Command.GET, [_wire.check_key_field(fields[1])], timeout)
-
-    def _cmd_add(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 2, "ADD")
-        key = _wire.check_key_field(fields[0])
-        amount = _wire.decode_int(fields[1])
-        old = self._data.get(key, b"0")
-        try:
-            value = int(old.decode("ascii")) + amount
-        except (UnicodeDecodeError, ValueError):
-            raise StoreError(
-                f"add({key.decode('utf-8', 'replace')!r}) found a value that is not a decimal "
-                f"integer: {old[:64]!r}"
-            ) from None
-        self._reply(conn, Status.OK, [_wire.encode_int(value)])
-        self._store(key, str(value).encode("ascii"))
-
-    def _cmd_compare_set(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 3, "COMPARE_SET")
-        key, expected, desired = _wire.check_key_field(fields[0]), fields[1], fields[2]
-        current = self._data.get(key)
-        if current is None and expected:
-            self._reply(conn, Status.OK, [expected])  # torch returns expected here
-        elif current is not None and current != expected:
-            self._reply(conn, Status.OK, [current])
-        else:
-            self._reply(conn, Status.OK, [desired])
-            self._store(key, desired)
-
-    def _cmd_wait(self, conn: _Connection, fields: list[bytes]) -> None:
-        if not fields:
-            raise ProtocolError("WAIT expects a timeout field")
-        timeout = _wire.decode_timeout(fields[0])
-        keys = [_wire.check_key_field(f) for f in fields[1:]]
-        self._park_or_answer(conn, Command.WAIT, keys, timeout)
-
-    def _cmd_check(self, conn: _Connection, fields: list[bytes]) -> None:
-        keys = [_wire.check_key_field(f) for f in fields]
-        present = all(k in self._data for k in keys)
-        self._reply(conn, Status.OK, [b"\x01" if present else b"\x00"])
-
-    def _cmd_delete_key(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 1, "DELETE_KEY")
-        existed = self._data.pop(_wire.check_key_field(fields[0]), None) is not None
-        self._reply(conn, Status.OK, [b"\x01" if existed else b"\x00"])
-
-    def _cmd_num_keys(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 0, "NUM_KEYS")
-        count = sum(1 for k in self._data if not k.startswith(_INTERNAL_PREFIX))
-        self._reply(conn, Status.OK, [_wire.encode_int(count)])
-
-    def _cmd_multi_get(self, conn: _Connection, fields: list[bytes]) -> None:
-        if not fields:
-            raise ProtocolError("MULTI_GET expects a timeout field")
-        timeout = _wire.decode_timeout(fields[0])
-        keys = [_wire.check_key_field(f) for f in fields[1:]]
-        self._park_or_answer(conn, Command.MULTI_GET, keys, timeout)
-
-    def _cmd_multi_set(self, conn: _Connection, fields: list[bytes]) -> None:
-        if len(fields) % 2:
-            raise ProtocolError(f"MULTI_SET expects key/value pairs, got {len(fields)} fields")
-        keys = [_wire.check_key_field(k) for k in fields[::2]]
-        pairs = list(zip(keys, fields[1::2], strict=True))
-        self._reply(conn, Status.OK, [])
-        for key, value in pairs:
-            self._store(key, value)
 
 
 __all__ = ["LISTEN_BACKLOG", "StoreServer", "bind_listener"]

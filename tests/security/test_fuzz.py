@@ -1,5 +1,9 @@
 """Fuzz the TCPStore server and a tcp peer listener with generated malformed bytes (hypothesis).
 
+A second store test speaks the protocol itself: well-formed frames of every command, with fields
+that fit or nearly fit, pipelined on one or two connections at once, so that requests park on
+keys another connection sets (or never sets), time out, or are cut off by a hang-up.
+
 Each example opens a connection, sends garbage, truncated frames, huge length prefixes, wrong
 magic or versions, or a valid prefix that stops, then goes away. Afterwards the server (and the
 listener's mesh setup) must still serve well-formed clients, must not have crashed, must have
@@ -11,6 +15,7 @@ several times slower; the per-connection state checks catch leaks precisely).
 from __future__ import annotations
 
 import gc
+import logging
 import socket
 import struct
 import threading
@@ -24,6 +29,7 @@ from hypothesis import strategies as st
 from sec_helpers import backend
 
 from colls.store import HashStore, TCPStore, _wire
+from colls.store._wire import Command
 from colls_plugins.tcp import _frames
 from colls_plugins.tcp.connections import ADDRESS_KEY
 
@@ -63,6 +69,58 @@ listener_garbage = st.one_of(
     st.builds(lambda tail: b"CLTA" + tail, st.binary(max_size=80)),
 )
 
+# Well-formed frames: per command, fields that fit it (or miss by one field or one byte).
+_key = st.sampled_from([b"a", b"b", b"c", b"counter", b""])
+_value = st.one_of(st.binary(max_size=32), st.sampled_from([b"7", b"-3", b"x"]))
+_timeout = st.sampled_from([-1, 0, 1, 30, 200]).map(_wire.encode_int)
+_amount = st.one_of(st.integers(-(1 << 63), (1 << 63) - 1).map(_wire.encode_int),
+                    st.binary(max_size=9))
+_keys = st.lists(_key, max_size=3)
+_fields_of = {
+    Command.SET: st.tuples(_key, _value),
+    Command.GET: st.tuples(_timeout, _key),
+    Command.ADD: st.tuples(_key, _amount),
+    Command.COMPARE_SET: st.tuples(_key, _value, _value),
+    Command.WAIT: st.builds(lambda t, keys: [t, *keys], _timeout, _keys),
+    Command.CHECK: _keys,
+    Command.DELETE_KEY: st.tuples(_key),
+    Command.NUM_KEYS: st.just(()),
+    Command.MULTI_GET: st.builds(lambda t, keys: [t, *keys], _timeout, _keys),
+    Command.MULTI_SET: st.lists(st.tuples(_key, _value), max_size=3).map(
+        lambda pairs: [f for pair in pairs for f in pair]),
+    Command.PING: st.just(()),
+}
+_well_formed = st.sampled_from(sorted(_fields_of)).flatmap(
+    lambda cmd: _fields_of[cmd].map(lambda fields: _wire.encode_frame(cmd, list(fields))))
+_near_miss = st.builds(lambda cmd, fields: _wire.encode_frame(cmd, fields),
+                       st.sampled_from(sorted(Command)),  # AUTH too: this server has no token
+                       st.lists(st.one_of(_key, _value, _timeout), max_size=4))
+#: One or two connections, each a pipelined list of frames.
+store_sessions = st.lists(st.lists(st.one_of(_well_formed, _well_formed, _well_formed,
+                                             _near_miss),
+                                   min_size=1, max_size=8), min_size=1, max_size=2)
+
+
+def _converse(address: tuple[str, int], sessions: list[list[bytes]]) -> None:
+    """Send each session's frames on its own connection, hang up, read until the server does."""
+    socks = [socket.create_connection(address, timeout=5) for _ in sessions]
+    try:
+        for sock, frames in zip(socks, sessions, strict=True):
+            try:
+                sock.sendall(b"".join(frames))
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # dropped already for a bad frame
+        for sock in socks:
+            try:
+                while sock.recv(65536):
+                    pass
+            except OSError:
+                pass  # reset by the server: also an answer
+    finally:
+        for sock in socks:
+            sock.close()
+
 
 def _throw(address: tuple[str, int], data: bytes) -> None:
     with socket.create_connection(address, timeout=5) as sock:
@@ -78,8 +136,7 @@ def _rss() -> int:
 
 
 def _connections(server) -> int:
-    return sum(1 for key in list(server._selector.get_map().values())
-               if not callable(key.data))
+    return server.open_connections
 
 
 def _settle(count, target: int, limit: float = 10.0) -> int:
@@ -165,3 +222,44 @@ def test_peer_listener_survives_malformed_bytes(token, monkeypatch):
         for b in made:
             b.close()
     assert _settle(me.num_fds, fds_before + 2) <= fds_before + 2  # every fuzz socket closed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_store_protocol_frames_leave_nothing_behind(monkeypatch, caplog):
+    """Well-formed and nearly well-formed requests; afterwards no descriptor, thread or waiter.
+
+    Nor any server error: a request the server cannot serve gets an ERROR reply or, if
+    malformed, a closed connection, never an internal error.
+    """
+    monkeypatch.delenv("COLLS_AUTH_TOKEN", raising=False)
+    caplog.set_level(logging.ERROR, logger="colls.store")
+    me = psutil.Process()
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=10)
+    server = master.server
+    assert server is not None
+    address = ("127.0.0.1", master.port)
+    try:
+        master.set("canary", b"alive")
+        baseline = server.open_connections
+        fds_before, threads_before = me.num_fds(), threading.active_count()
+
+        @settings(FUZZ_SETTINGS, max_examples=3 * EXAMPLES)
+        @given(sessions=store_sessions)
+        def fuzz(sessions: list[list[bytes]]) -> None:
+            _converse(address, sessions)
+
+        fuzz()
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, errors[:3]
+        assert _settle(lambda: server.open_connections, baseline) == baseline
+        assert not server._waiting and not server._unestablished
+        assert _settle(me.num_fds, fds_before) == fds_before
+        assert threading.active_count() == threads_before
+        with TCPStore("127.0.0.1", master.port, timeout=10) as client:
+            assert client.get("canary") == b"alive"
+            client.set("after", b"frames")
+            assert master.get("after") == b"frames"
+        assert server._thread is not None and server._thread.is_alive()
+    finally:
+        master.close()

@@ -206,6 +206,17 @@ def test_error_reply_keeps_connection(master: TCPStore) -> None:
     assert master.add("n", 1) == 1
 
 
+def test_add_past_the_int64_range_is_an_error_reply(master: TCPStore) -> None:
+    """Found by fuzzing: it used to cost the client its connection (an internal server error)."""
+    biggest = (1 << 63) - 1
+    assert master.add("big", biggest) == biggest
+    with pytest.raises(StoreError, match=r"add\('big', 1\) would make the counter "
+                       r"9223372036854775808, outside the signed 64-bit range"):
+        master.add("big", 1)
+    assert master.get("big") == str(biggest).encode()
+    assert master.add("big", -biggest) == 0
+
+
 def test_many_clients_and_parked_waiters(master: TCPStore) -> None:
     clients = [_client(master) for _ in range(200)]
     try:
