@@ -14,6 +14,7 @@ from store_testutil import TEST_TIMEOUT_S, free_port
 
 from colls.errors import NetworkError, StoreError, StoreTimeoutError
 from colls.store import TCPStore, _wire
+from colls.store.tcp_server import StoreServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -204,6 +205,13 @@ def test_error_reply_keeps_connection(master: TCPStore) -> None:
     with pytest.raises(StoreError, match=r"add\('text'\) found a value that is not a decimal"):
         master.add("text", 1)
     assert master.add("n", 1) == 1
+
+
+@pytest.mark.parametrize("cap", [0, -3, 2.5])
+def test_a_bad_cap_on_unauthenticated_connections_is_refused(cap: object) -> None:
+    with pytest.raises(ValueError, match=r"StoreServer: max_unestablished must be a positive "
+                       rf"int, got {cap!r}"):
+        StoreServer("127.0.0.1", 0, max_unestablished=cap)  # type: ignore[arg-type]
 
 
 def test_add_past_the_int64_range_is_an_error_reply(master: TCPStore) -> None:
