@@ -154,6 +154,12 @@ SETTINGS: dict[str, Setting] = {
             "too (TCP_USER_TIMEOUT).",
         ),
         Setting(
+            "COLLS_MAX_MESSAGE_BYTES", _parse_positive_int, 1 << 36,
+            "tcp backend: largest message in bytes a rank sends or accepts (set it equal on "
+            "every rank). A larger send is a ValueError; a peer announcing a larger message "
+            "loses its connection (NetworkError naming it) before any memory is reserved.",
+        ),
+        Setting(
             "COLLS_ERROR_FILE", _parse_str, "",
             "Set by colls-run for each worker: the file where the worker wrapper writes the "
             "traceback of an uncaught exception, for the launcher's root-cause report.",

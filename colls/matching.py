@@ -88,6 +88,10 @@ class Message:
 RECYCLE_MIN_BYTES = 1 << 16
 RECYCLE_MAX_BYTES = 8 << 20
 
+#: What one queued unexpected message costs beyond its body (its objects and queue slot), so
+#: that :attr:`MatchTable.unexpected_bytes` also grows with a flood of empty messages.
+MESSAGE_OVERHEAD_BYTES = 256
+
 
 class MatchTable:
     """Posted receives and unexpected messages, matched per ``(src, tag)`` in FIFO order.
@@ -103,6 +107,8 @@ class MatchTable:
         self._posted_any: dict[int, deque[RecvOp]] = {}
         self._unexpected: dict[int, dict[int, deque[Message]]] = {}  # tag -> src -> messages
         self._seq = itertools.count()
+        #: Bytes the queued unexpected messages hold (bodies plus MESSAGE_OVERHEAD_BYTES each).
+        self.unexpected_bytes = 0
 
     # -- receives -----------------------------------------------------------------------------
     def post(self, op: RecvOp) -> None:
@@ -133,14 +139,20 @@ class MatchTable:
         else:
             buffer = memoryview(np.empty(nbytes, np.uint8))
         message = Message(src, tag, buffer, next(self._seq))
-        self._unexpected.setdefault(tag, {}).setdefault(src, deque()).append(message)
+        self._queue(message)
         return message
 
     def add_arrived(self, src: int, tag: int, payload: memoryview) -> Message:
         """Queue a whole unexpected message that keeps ``payload`` (no copy is made)."""
         message = Message(src, tag, payload, next(self._seq), done=True)
-        self._unexpected.setdefault(tag, {}).setdefault(src, deque()).append(message)
+        self._queue(message)
         return message
+
+    def _queue(self, message: Message) -> None:
+        self._unexpected.setdefault(message.tag, {}).setdefault(message.src, deque()).append(
+            message
+        )
+        self.unexpected_bytes += len(message.buffer) + MESSAGE_OVERHEAD_BYTES
 
     def recycle(self, buffer: memoryview) -> None:
         """Keep the body buffer of a delivered unexpected message for a later one."""
@@ -164,6 +176,7 @@ class MatchTable:
             del by_src[src]
             if not by_src:
                 del self._unexpected[tag]
+        self.unexpected_bytes -= len(message.buffer) + MESSAGE_OVERHEAD_BYTES
         return message
 
     def discard(self, message: Message) -> None:
@@ -173,6 +186,7 @@ class MatchTable:
         if queue is None or message not in queue:
             return
         queue.remove(message)
+        self.unexpected_bytes -= len(message.buffer) + MESSAGE_OVERHEAD_BYTES
         if not queue:
             del by_src[message.src]
             if not by_src:
@@ -185,6 +199,10 @@ class MatchTable:
         for key in [k for k in self._posted_src if k[0] == src]:
             removed.extend(self._posted_src.pop(key))
         return removed
+
+    def awaits(self, src: int) -> bool:
+        """Return whether any posted receive accepts some message from ``src``."""
+        return bool(self._posted_any) or any(key[0] == src for key in self._posted_src)
 
     def has_posted(self, src: int, tag: int) -> bool:
         """Return whether a receive for exactly ``(src, tag)`` is posted."""
@@ -211,6 +229,7 @@ class MatchTable:
         self._posted_src.clear()
         removed.extend(self.remove_any_source())
         self._unexpected.clear()
+        self.unexpected_bytes = 0
         return removed
 
     def has_unexpected(self) -> bool:

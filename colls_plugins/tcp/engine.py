@@ -10,12 +10,15 @@ Threads and what they touch:
 * The progress thread blocks in ``selector.select()`` (no timeout, so no CPU while idle). For each
   readable peer it runs a small state machine: read the 16-byte header, find the receive that
   matches (src, tag) and ``recv_into`` the receive's own memory; with no receive posted it reads
-  a small message into a new buffer queued as unexpected, but *holds* a large collective one
-  (:data:`HOLD_MIN_BYTES`): the connection is not read until a receive is posted, so the sender's
-  kernel buffer fills and its send waits. A rank running ahead of a slower one thus cannot make it
-  buffer whole messages (bounded memory) and the body lands straight in the receive buffer (no
-  extra copy). A receive for another tag from that rank, or from any rank, turns a held message
-  into an ordinary unexpected one, so no message can block the stream behind it. For each
+  a small message into a new buffer queued as unexpected, but *holds* a large one
+  (:data:`HOLD_MIN_BYTES`), collective or user-tagged, and any message once the unexpected ones
+  fill :data:`MAX_UNEXPECTED_BYTES`: the connection is not read until a receive is posted, so the
+  sender's kernel buffer fills and its send waits. A rank running ahead of a slower one, or a
+  flood of sends nobody receives, thus cannot make it buffer without bound, and the body lands
+  straight in the receive buffer (no extra copy). A receive for another tag from that rank, or
+  from any rank, turns a held message into an ordinary unexpected one, so no message can block
+  the stream behind it. A header announcing more than ``COLLS_MAX_MESSAGE_BYTES`` loses the
+  connection (a NetworkError naming the peer) before any memory is reserved. For each
   writable peer it flushes the send queue with gathered ``sendmsg`` calls. ``recv_into`` and
   ``sendmsg`` release the GIL, so a reduction running on another thread overlaps with the
   transfer.
@@ -45,15 +48,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from colls import env
 from colls.errors import BackendError, NetworkError
-from colls.matching import MatchTable, Message, RecvOp, copy_bytes, size_error
+from colls.matching import (
+    MESSAGE_OVERHEAD_BYTES,
+    MatchTable,
+    Message,
+    RecvOp,
+    copy_bytes,
+    size_error,
+)
 from colls.work import Work
 from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, byte_view
 from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
     PROBE_TAG,
     Tracker,
-    is_collective,
     probe_field,
     probed_tag,
 )
@@ -70,6 +80,11 @@ READ_BUDGET = 64
 #: unread (module docstring). Smaller ones are buffered: holding costs the sender a stall and
 #: both sides a wake-up, which only pays for itself on large messages.
 HOLD_MIN_BYTES = 1 << 16
+
+#: Most bytes that unexpected messages (bodies plus matching.MESSAGE_OVERHEAD_BYTES each) may
+#: hold; a message that would pass it waits in the socket like a large one. A few receives'
+#: worth of small messages, so latency-bound exchanges never stall on it.
+MAX_UNEXPECTED_BYTES = 16 << 20
 
 #: Size of the scratch buffer that discards the body of a message whose receive failed.
 DRAIN_CHUNK_BYTES = 1 << 20
@@ -113,6 +128,7 @@ class Engine:
         self._peers = {r: Peer(c) for r, c in connections.items()}
         self._held: set[Peer] = set()  # peers in RX_HELD (guarded by _lock)
         self._scratch: memoryview | None = None
+        self._max_message = int(env.get("COLLS_MAX_MESSAGE_BYTES"))
         self._thread: threading.Thread | None = None
         if not self._peers:
             return  # a group of one: local delivery only, no sockets, no thread
@@ -137,6 +153,11 @@ class Engine:
     def isend(self, array: Any, dst: int, tag: int) -> Work:
         """Start sending ``array`` to ``dst``; the Work completes once the kernel has every byte."""
         view = byte_view(array, name="array", writable=False)
+        if view.nbytes > self._max_message:
+            raise ValueError(
+                f"tcp: rank {self.rank}: send to rank {dst}: array has {view.nbytes} bytes, more "
+                f"than COLLS_MAX_MESSAGE_BYTES={self._max_message} allows"
+            )
         work = Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
         if dst == self.rank:
             return self._send_local(work, view, tag)
@@ -442,6 +463,19 @@ class Engine:
         with peer.send_lock:
             self._watch(peer)
 
+    def _must_hold(self, src: int, nbytes: int) -> bool:
+        """Return whether a message from ``src`` nobody receives yet stays in the socket.
+
+        Never while a receive that could take a later message from ``src`` is posted: that
+        message may be behind this one on the stream (:meth:`_release_held` reads past held
+        messages for the same reason). Called with the lock held.
+        """
+        if nbytes < HOLD_MIN_BYTES:
+            buffered = self._table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
+            if buffered <= MAX_UNEXPECTED_BYTES:
+                return False
+        return not self._table.awaits(src)
+
     def _hold(self, peer: Peer, tag: int, nbytes: int) -> None:
         """Leave the body of ``peer``'s message unread until its receive is posted (lock held)."""
         peer.held_tag, peer.held_nbytes = tag, nbytes
@@ -591,6 +625,9 @@ class Engine:
         elif tag == PROBE_TAG:
             peer.reset_rx()
             self._on_probe(peer, probed_tag(nbytes))
+        elif nbytes > self._max_message:
+            self._fail_peer(peer, f"it announced a message of {nbytes} bytes (tag {tag}), more "
+                            f"than COLLS_MAX_MESSAGE_BYTES={self._max_message} allows")
         else:
             self._start_body(peer, tag, nbytes)
 
@@ -600,7 +637,7 @@ class Engine:
         with self._lock:
             op = self._table.match_arrival(peer.rank, tag)
             stale, conflict = self._tracker.on_arrival(peer.rank, tag, op is not None, self._table)
-            if op is None and nbytes >= HOLD_MIN_BYTES and is_collective(tag) and not stale:
+            if op is None and not stale and self._must_hold(peer.rank, nbytes):
                 self._hold(peer, tag, nbytes)
                 return
             if op is None:

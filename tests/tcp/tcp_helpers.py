@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,9 @@ from colls_plugins.tcp.backend import TcpBackend
 
 #: Seconds a helper waits for its threads; a hang fails the test instead of blocking the run.
 JOIN_TIMEOUT = 30.0
+
+#: Seconds a test waits for a Work or a condition.
+WAIT = 20.0
 
 
 def options(world_size: int, timeout: float = 30.0, name: str = "g") -> BackendOptions:
@@ -89,3 +93,24 @@ def algorithm_runs() -> Iterator[list[tuple[str, str, int]]]:
     finally:
         for collective, table in originals.items():
             algorithms.IMPLEMENTATIONS[collective].update(table)
+
+
+def settle() -> None:
+    """Give the receiver's progress thread time to read whatever has arrived."""
+    time.sleep(0.3)
+
+
+def wait_until(condition, timeout: float = WAIT) -> bool:
+    """Poll ``condition()`` until it holds or ``timeout`` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def unexpected_bytes(backend) -> int:
+    """Bytes the receiver has buffered for messages nobody asked for yet."""
+    engine = backend._engine
+    with engine._lock:  # the progress thread changes the table under this lock
+        return sum(len(m.buffer) for by_src in engine._table._unexpected.values()
+                   for queue in by_src.values() for m in queue)

@@ -1,4 +1,4 @@
-"""Large collective messages that arrive before their receive are held unread (tcp engine).
+"""Large messages that arrive before their receive are held unread (tcp engine).
 
 The receiver reads only the header and leaves the body in the socket until a receive is posted, so
 a rank running ahead cannot make a slower one buffer whole messages; a receive for another tag or
@@ -8,40 +8,17 @@ behind it. Two backends of one process talk over real loopback sockets.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from tcp_helpers import WAIT, settle, unexpected_bytes, wait_until
 
 from colls.errors import BackendError
 from colls.fingerprint import collective_tag
 from colls_plugins.tcp.engine import HOLD_MIN_BYTES
 
-WAIT = 20.0
 #: Much more than the kernel's socket buffers hold, so an unread body stalls the sender.
 BIG_BYTES = 64 << 20
 COLLECTIVE = collective_tag(3, 0x1234)  # the tag of some collective (negative)
-
-
-def settle() -> None:
-    """Give the receiver's progress thread time to read whatever has arrived."""
-    time.sleep(0.3)
-
-
-def wait_until(condition, timeout: float = WAIT) -> bool:
-    """Poll ``condition()`` until it holds or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
-
-
-def unexpected_bytes(backend) -> int:
-    """Bytes the receiver has buffered for messages nobody asked for yet."""
-    engine = backend._engine
-    with engine._lock:  # the progress thread changes the table under this lock
-        return sum(len(m.buffer) for by_src in engine._table._unexpected.values()
-                   for queue in by_src.values() for m in queue)
 
 
 @pytest.mark.timeout(60)
@@ -59,16 +36,23 @@ def test_a_large_collective_message_waits_in_the_socket_for_its_receive(group):
 
 
 @pytest.mark.timeout(60)
-def test_user_tags_and_small_collective_messages_are_still_buffered(group):
+def test_small_messages_are_buffered_and_large_user_tagged_ones_held(group):
     a, b = group(2)
-    user = np.ones(HOLD_MIN_BYTES * 4, np.uint8)
+    user = np.full(HOLD_MIN_BYTES - 1, 5, np.uint8)
     small = np.full(HOLD_MIN_BYTES - 1, 7, np.uint8)
     assert a.isend(user, 1, 5).wait(WAIT)  # completes although no receive is posted
     assert a.isend(small, 1, COLLECTIVE).wait(WAIT)
     assert wait_until(lambda: unexpected_bytes(b) == user.nbytes + small.nbytes)
-    got_small, got_user = np.zeros_like(small), np.zeros_like(user)
+    big = np.arange(BIG_BYTES // 8, dtype=np.int64)
+    sent = a.isend(big, 1, 6)  # a user tag, held like a collective message
+    settle()
+    assert unexpected_bytes(b) == user.nbytes + small.nbytes
+    assert not sent.is_completed()
+    got_small, got_user, got_big = np.zeros_like(small), np.zeros_like(user), np.zeros_like(big)
     assert b.irecv(got_small, 0, COLLECTIVE).wait(WAIT) and b.irecv(got_user, 0, 5).wait(WAIT)
-    assert (got_small == 7).all() and got_user.all()
+    assert b.irecv(got_big, 0, 6).wait(WAIT) and sent.wait(WAIT)
+    assert (got_small == 7).all() and (got_user == 5).all()
+    np.testing.assert_array_equal(got_big, big)
 
 
 @pytest.mark.timeout(60)
