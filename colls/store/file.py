@@ -9,6 +9,10 @@ poll the file with short sleeps (there is no cross-process notification in a pla
 
 As torch, each FileStore counts itself in a reference-count key when opened; when the last of
 ``world_size`` users closes (``world_size >= 0``), it deletes the file.
+
+Let no one in: the file is created readable and writable by its owner only (0600), opened without
+following a symbolic link (``O_NOFOLLOW``), and refused unless it is a regular file of this
+process's user, so another user cannot plant a link to a file of ours or a log of their own.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import contextlib
 import datetime
 import fcntl
 import os
+import stat
 import struct
 import threading
 import time
@@ -41,7 +46,8 @@ POLL_MAX_S = 0.02
 REOPEN_ATTEMPTS = 100
 REFCOUNT_KEY = INTERNAL_KEY_PREFIX + "file/refcount"
 CLEANUP_KEY = INTERNAL_KEY_PREFIX + "file/cleanup"
-FILE_MODE = 0o644
+FILE_MODE = 0o600
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _encode_record(op: int, key: str, value: bytes = b"") -> bytes:
@@ -113,20 +119,42 @@ class FileStore(Store):
     def _open_locked(self, exclusive: bool) -> int:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         for _ in range(REOPEN_ATTEMPTS):
-            try:
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT, FILE_MODE)
-            except OSError as exc:
-                raise StoreError(f"{self.description}: cannot open the file: {exc}") from exc
+            fd = self._open_own()
             fcntl.flock(fd, mode)
             # Another user may have deleted the file between our open and our lock.
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self._path))
+                same = os.path.samestat(os.fstat(fd), os.lstat(self._path))
             except FileNotFoundError:
                 same = False
             if same:
                 return fd
             os.close(fd)
         raise StoreError(f"{self.description}: the file keeps being replaced; cannot lock it")
+
+    def _open_own(self) -> int:
+        """Open (or create, 0600) the file; refuse a symbolic link or a file of another user.
+
+        Raises:
+            StoreError: the path cannot be opened, is a symbolic link, is not a regular file, or
+                belongs to another user (the message says which).
+        """
+        try:
+            fd = os.open(self._path, _OPEN_FLAGS, FILE_MODE)
+        except OSError as exc:
+            if os.path.islink(self._path):
+                raise StoreError(f"{self.description}: the path is a symbolic link; refusing to "
+                                 "follow it (give the store a path of its own)") from exc
+            raise StoreError(f"{self.description}: cannot open the file: {exc}") from exc
+        info = os.fstat(fd)
+        problem = None
+        if not stat.S_ISREG(info.st_mode):
+            problem = "is not a regular file"
+        elif info.st_uid != os.geteuid():
+            problem = f"belongs to user id {info.st_uid}, not to this process's {os.geteuid()}"
+        if problem is not None:
+            os.close(fd)
+            raise StoreError(f"{self.description}: the file {problem}; refusing to use it")
+        return fd
 
     def _refresh(self, fd: int) -> None:
         """Replay the records appended since the last read (all of them if the file changed)."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from pathlib import Path
 
 import pytest
 from store_testutil import TEST_TIMEOUT_S
 
-from colls.errors import StoreTimeoutError
+from colls.errors import StoreError, StoreTimeoutError
 from colls.store import FileStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,3 +86,39 @@ def test_argument_errors(tmp_path: Path) -> None:
         FileStore(str(tmp_path / "x"), world_size=0)
     with pytest.raises(TypeError, match="file_name must be a str, got int"):
         FileStore(3)  # type: ignore[arg-type]
+
+
+def test_the_file_is_created_for_its_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    old = os.umask(0)  # the mode must not depend on a permissive umask
+    try:
+        store = FileStore(str(path), world_size=-1)
+    finally:
+        os.umask(old)
+    store.set("k", b"v")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.stat().st_uid == os.geteuid()
+    store.close()
+
+
+def test_a_symbolic_link_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "precious"
+    target.write_bytes(b"not a store")
+    link = tmp_path / "store"
+    link.symlink_to(target)
+    with pytest.raises(StoreError, match=r"FileStore .*store: the path is a symbolic link; "
+                       r"refusing to follow it"):
+        FileStore(str(link), world_size=1)
+    assert target.read_bytes() == b"not a store"
+
+
+def test_a_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    path = tmp_path / "store"
+    path.write_bytes(b"")
+    os.chown(path, 54321, 54321)
+    with pytest.raises(StoreError, match=r"FileStore .*store: the file belongs to user id 54321, "
+                       r"not to this process's 0; refusing to use it"):
+        FileStore(str(path), world_size=1)
+    assert path.read_bytes() == b""
