@@ -5,13 +5,15 @@ moves collective data through shared memory instead of loopback TCP
 (:mod:`colls_plugins.tcp.shm_collectives` has the algorithms). This module owns the memory and the
 synchronisation; it knows nothing about collectives.
 
-**Segments.** Each rank creates one anonymous segment with ``memfd_create`` (no name in /dev/shm,
-so nothing can leak: the kernel frees it when the last process that maps it exits, however it
-exits). Peers map it read-only through ``/proc/<pid>/fd/<fd>`` while its creator keeps the fd
-open; :mod:`colls_plugins.tcp.shm_setup` does that through the group's store and ends with every
-rank agreeing (all or none), since all ranks must pick the same algorithms. Any failure - another
-host, ``COLLS_SHM=0`` on some rank, no ``/proc``, a token that does not match - leaves the group
-on TCP.
+**Segments.** Each rank creates one anonymous segment with ``memfd_create`` (no name in /dev/shm, so
+nothing can leak: the kernel frees it when the last process that maps it exits, however it exits).
+Its size is sealed (``F_SEAL_SHRINK | F_SEAL_GROW``, then ``F_SEAL_SEAL``), so no process that
+reaches the fd can truncate it under a mapping (a SIGBUS in every rank that reads it); a peer maps
+only a sealed segment. Peers map it read-only through ``/proc/<pid>/fd/<fd>`` while its creator
+keeps the fd open; :mod:`colls_plugins.tcp.shm_setup` does that through the group's store and ends
+with every rank agreeing (all or none), since all ranks must pick the same algorithms. Any failure -
+another host, ``COLLS_SHM=0`` on some rank, no ``/proc``, a token that does not match - leaves the
+group on TCP.
 
 A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_bytes`` each::
 
@@ -35,11 +37,13 @@ next post), which :meth:`ShmGroup.claim_slot` checks.
 **Waiting** spins briefly (peers on other cores answer within microseconds), then polls with
 ``sched_yield`` (oversubscribed hosts: let the peer run) for an adaptive budget of 5-20 ms, then
 blocks on a datagram socket with a short timeout, having raised its sleeping flag; a poster that
-sees the flag sends one byte. A full fence (an uncontended lock) sits between the store and the
-load on both sides, so a wake-up is not lost; the timeout bounds the cost if it ever were. While
-blocked, the waiter checks the group's timeout and whether the TCP connection to a missing peer
-died, so a dead peer fails the collective within a fraction of a second. Peers in the same
-process (ranks on threads) never spin: a spinning thread would hold the GIL they need.
+sees the flag sends one byte. A sleep reads at most :data:`WAKE_DRAIN_MAX` datagrams, so a flood of
+them (any local process can reach the socket) cannot keep a waiter from its checks. A full fence (an
+uncontended lock) sits between the store and the load on both sides, so a wake-up is not lost; the
+timeout bounds the cost if it ever were. While blocked, the waiter checks the group's timeout and
+whether the TCP connection to a missing peer died, so a dead peer fails the collective within a
+fraction of a second. Peers in the same process (ranks on threads) never spin: a spinning thread
+would hold the GIL they need.
 
 Ordering relies on x86-64's total store order (stores become visible in program order, loads are
 not reordered with loads), so the shared-memory path is only enabled on x86-64.
@@ -48,6 +52,7 @@ not reordered with loads), so the shared-memory path is only enabled on x86-64.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import mmap
 import os
@@ -91,6 +96,11 @@ YIELD_SECONDS_MAX = 0.02
 YIELD_SECONDS_MIN = 0.005
 #: Longest single block on the wake-up socket before re-checking counters, peers and timeout.
 BLOCK_SLICE_SECONDS = 0.01
+#: Most wake-up datagrams one sleep reads. One is enough to wake; the rest only empty the queue,
+#: and any left over just end the next sleep early (a re-check, never a lost wake-up).
+WAKE_DRAIN_MAX = 8
+#: Seals every segment carries: its size can never change, nor its seals.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 class Segment:
     """One rank's memory: a control page and ``SLOTS`` data slots, mapped into this process.
@@ -121,9 +131,10 @@ class Segment:
     @classmethod
     def create(cls, slot_bytes: int, token: int) -> Segment:
         """Create this rank's segment (memfd, kept open until setup ends) and stamp it."""
-        fd = os.memfd_create("colls-tcp-shm", os.MFD_CLOEXEC)
+        fd = os.memfd_create("colls-tcp-shm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, cls.size_for(slot_bytes))
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
             mm = mmap.mmap(fd, cls.size_for(slot_bytes))
         except BaseException:
             os.close(fd)
@@ -139,13 +150,16 @@ class Segment:
 
         Raises:
             OSError: the file cannot be opened or mapped.
-            ValueError: the memory there is not that peer's segment (token mismatch).
+            ValueError: the memory there is not that peer's segment (token mismatch), or its
+                size is not sealed.
         """
         size = cls.size_for(slot_bytes)
         handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
         try:
             if os.fstat(handle).st_size != size:
                 raise ValueError(f"segment of pid {pid} has the wrong size (expected {size})")
+            if fcntl.fcntl(handle, fcntl.F_GET_SEALS) & SEALS != SEALS:
+                raise ValueError(f"segment of pid {pid} is not sealed against resizing")
             mm = mmap.mmap(handle, size, prot=mmap.PROT_READ)
         finally:
             os.close(handle)
@@ -312,9 +326,9 @@ class ShmGroup:
             time.sleep(min(seconds, 0.0005))
             return
         select.select([sock], [], [], seconds)
-        with contextlib.suppress(OSError):
-            while sock.recv(64):
-                pass
+        with contextlib.suppress(OSError):  # BlockingIOError: drained
+            for _ in range(WAKE_DRAIN_MAX):
+                sock.recv(64)
 
     def wait_all(self, target: int, what: str) -> None:
         """Wait until every peer has posted phase ``target``."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import mmap
 import multiprocessing
 import os
 import signal
+import socket
 import time
 
 import numpy as np
@@ -203,3 +207,53 @@ def test_segment_is_anonymous_and_peers_map_it_read_only():
             shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=99)
     finally:
         seg.close()
+
+
+def test_a_segment_is_sealed_against_resizing():
+    seg = shm.Segment.create(4096, token=1234)
+    try:
+        size = os.fstat(seg.fd).st_size
+        for wrong in (size // 2, size * 2):
+            with pytest.raises(PermissionError):
+                os.ftruncate(seg.fd, wrong)  # a shrink would SIGBUS every rank that maps it
+        assert os.fstat(seg.fd).st_size == size
+        with pytest.raises(PermissionError):  # nor can the seals be changed
+            fcntl.fcntl(seg.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+    finally:
+        seg.close()
+
+
+def test_an_unsealed_segment_is_not_mapped():
+    size = shm.Segment.size_for(4096)
+    fd = os.memfd_create("colls-tcp-shm", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm:  # a segment in every other respect
+            words = memoryview(mm)[: shm.CTRL_BYTES].cast("q")
+            words[0], words[1] = 0x434F4C4C5353484D, 1234
+            words.release()
+        with pytest.raises(ValueError, match=r"segment of pid \d+ is not sealed against resizing"):
+            shm.Segment.open_peer(os.getpid(), fd, 4096, token=1234)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(60)
+def test_one_sleep_reads_a_bounded_number_of_wake_ups(group):
+    """A waiter's drain loop ends although datagrams keep coming (anyone on the host can send)."""
+    waiter = group(2, name="flood")[0]._shm
+    address = waiter._wake_sock.getsockname()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        queued = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                sender.sendto(b"\0", socket.MSG_DONTWAIT, address)
+                queued += 1
+    if queued <= shm.WAKE_DRAIN_MAX:
+        pytest.skip(f"the kernel queues only {queued} datagrams (net.unix.max_dgram_qlen)")
+    waiter._sleep(0.0)
+    left = 0
+    with contextlib.suppress(BlockingIOError):
+        while waiter._wake_sock.recv(64):
+            left += 1
+    assert left == queued - shm.WAKE_DRAIN_MAX
