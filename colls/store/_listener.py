@@ -25,6 +25,10 @@ LISTEN_BACKLOG = 4096
 #: Seconds the listener rests after accept ran out of descriptors or kernel memory: long enough
 #: to cost nothing, short enough that a client waiting in the backlog barely notices.
 ACCEPT_PAUSE_S = 0.25
+#: Connections accepted per readiness event. The loop then reads the handshakes of those it took
+#: before taking more, so a burst of thousands of honest clients never counts as thousands of
+#: unauthenticated connections at once (the server caps those, evicting the oldest).
+ACCEPT_BATCH = 128
 #: accept errors that mean "no resources now", not "this one connection failed".
 _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -123,4 +127,11 @@ class Listener:
         self.sock.close()
 
 
-__all__ = ["ACCEPT_PAUSE_S", "LISTEN_BACKLOG", "Listener", "bind_listener", "format_address"]
+__all__ = [
+    "ACCEPT_BATCH",
+    "ACCEPT_PAUSE_S",
+    "LISTEN_BACKLOG",
+    "Listener",
+    "bind_listener",
+    "format_address",
+]

@@ -4,9 +4,11 @@ The master (``is_master=True``) starts a :class:`~colls.store.tcp_server.StoreSe
 ``host_name``; every TCPStore, the master included, is a client with one socket to that server.
 The client is thread-safe: each request/response holds one connection from a small pool (guarded
 by a lock), so a ``get`` blocked in one thread never stalls a ``set`` from another; the extra
-connections are opened only on such concurrency. Sockets set TCP_NODELAY, and the first connection
-is retried until the timeout because the master may start after the workers. Blocking calls are
-parked on the server and answered when the keys appear, so waiting costs no traffic.
+connections are opened only on such concurrency. Sockets set TCP_NODELAY, and every new connection
+is retried until the timeout, because the master may start after the workers and because a server
+flooded with unauthenticated connections drops the oldest, possibly one still in its handshake.
+Blocking calls are parked on the server and answered when the keys appear, so waiting costs no
+traffic.
 
 With ``world_size`` given, each client counts itself in an internal join counter; the master's
 constructor (with ``wait_for_workers``) returns once ``world_size`` clients have joined.
@@ -173,30 +175,42 @@ class TCPStore(Store):
         return f"TCPStore {self._host}:{self._port}"
 
     # ---------------------------------------------------------------------------- connection
-    def _connect(self, start: float) -> socket.socket:
-        """Connect to the server, retrying until the store timeout has passed since ``start``."""
+    def _connect(self, start: float, *, ping: bool = True) -> socket.socket:
+        """Connect to the server, retrying until the store timeout has passed since ``start``.
+
+        A connection lost during the handshake is retried too: a server under a flood of
+        unauthenticated connections drops the oldest of them, which may be this one. ``ping``
+        as in :meth:`_authenticate`.
+        """
         limit = to_seconds(self._timeout)
         delay = CONNECT_RETRY_INITIAL_S
         while True:
             remaining = None if limit is None else limit - (time.monotonic() - start)
             attempt = CONNECT_ATTEMPT_S if remaining is None else max(remaining, MIN_ATTEMPT_S)
+            sock: socket.socket | None = None
             try:
                 sock = socket.create_connection((self._host, self._port), timeout=attempt)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                enable_keepalive(sock)
+                self._authenticate(sock, ping=ping)
+                return sock
             except OSError as exc:
-                elapsed = time.monotonic() - start
-                if limit is not None and elapsed >= limit:
-                    raise NetworkError(
-                        f"{self.description}: could not connect after {elapsed:.1f} s "
-                        f"(timeout {limit:.1f} s): {exc}"
-                    ) from exc
-                left = None if limit is None else limit - elapsed
-                time.sleep(delay if left is None else min(delay, left))
-                delay = min(delay * 2, CONNECT_RETRY_MAX_S)
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            enable_keepalive(sock)
-            self._authenticate(sock, ping=True)
-            return sock
+                error: Exception = exc
+            except NetworkError as exc:
+                if not isinstance(exc.__cause__, ConnectionError):
+                    raise  # an answer that is not the protocol, or none in time: no drop
+                error = exc
+            if sock is not None:
+                _shutdown(sock)
+            elapsed = time.monotonic() - start
+            if limit is not None and elapsed >= limit:
+                raise NetworkError(
+                    f"{self.description}: could not connect after {elapsed:.1f} s "
+                    f"(timeout {limit:.1f} s): {error}"
+                ) from error
+            left = None if limit is None else limit - elapsed
+            time.sleep(delay if left is None else min(delay, left))
+            delay = min(delay * 2, CONNECT_RETRY_MAX_S)
 
     def _authenticate(self, sock: socket.socket, *, ping: bool = False) -> None:
         """Run the client side of the AUTH / AUTH_PROOF exchange on a new connection.
@@ -325,15 +339,7 @@ class TCPStore(Store):
             self._check_open()
             if self._idle:
                 return self._idle.pop()
-        limit = to_seconds(self._timeout)
-        attempt = CONNECT_ATTEMPT_S if limit is None else max(limit, MIN_ATTEMPT_S)
-        try:
-            sock = socket.create_connection((self._host, self._port), timeout=attempt)
-        except OSError as exc:
-            raise NetworkError(f"{self.description}: could not connect: {exc}") from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        enable_keepalive(sock)
-        self._authenticate(sock)
+        sock = self._connect(time.monotonic(), ping=False)
         with self._lock:
             if not self._closed:
                 self._sockets.add(sock)

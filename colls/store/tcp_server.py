@@ -52,7 +52,13 @@ from colls.sockets import enable_keepalive
 from colls.store import _wire
 from colls.store._commands import CommandsMixin
 from colls.store._guard import GuardMixin
-from colls.store._listener import LISTEN_BACKLOG, Listener, bind_listener, format_address
+from colls.store._listener import (
+    ACCEPT_BATCH,
+    LISTEN_BACKLOG,
+    Listener,
+    bind_listener,
+    format_address,
+)
 from colls.store._wire import Command, ProtocolError, Status
 
 logger = logging.getLogger("colls.store")
@@ -257,7 +263,10 @@ class StoreServer(CommandsMixin, GuardMixin):
             pass
 
     def _accept(self) -> None:
-        while (accepted := self._listener.accept(self.address)) is not None:
+        for _ in range(ACCEPT_BATCH):
+            accepted = self._listener.accept(self.address)
+            if accepted is None:
+                return
             sock, addr = accepted
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -10,6 +10,7 @@ connection still completes a set/get round trip meanwhile. The bounds are genero
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -20,9 +21,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sec_helpers import run_threads
 
 from colls.store import TCPStore, _wire
 from colls.store._wire import Command, Status
+from colls.store.tcp_server import StoreServer
 
 SERVER_SCRIPT = Path(__file__).with_name("hostile_server.py")
 #: An honest set/get round trip must complete within this while the attack runs.
@@ -250,3 +253,24 @@ def test_connections_that_never_authenticate_are_capped(start_server):
         for sock in attackers:
             sock.close()
     assert "waiting to authenticate" in server.log.read_text()
+
+
+@pytest.mark.timeout(120)
+def test_honest_clients_evicted_while_authenticating_try_again(caplog, monkeypatch):
+    """A cap of 1: concurrent honest clients evict each other mid-handshake, and all get in."""
+    monkeypatch.delenv("COLLS_AUTH_TOKEN", raising=False)
+    caplog.set_level(logging.WARNING, logger="colls.store")
+    token = "hostile-suite-token-0123456789"
+    server = StoreServer("127.0.0.1", 0, auth_token=token.encode(), max_unestablished=1)
+    server.start()
+    try:
+        def join(i: int) -> bytes:
+            with TCPStore("127.0.0.1", server.port, timeout=30, auth_token=token) as client:
+                client.set(f"client{i}", str(i).encode())
+                return client.get(f"client{i}")
+
+        results = run_threads(join, 16, timeout=60)
+    finally:
+        server.stop()
+    assert results == [str(i).encode() for i in range(16)]
+    assert "waiting to authenticate" in caplog.text  # the cap was met: clients were evicted
