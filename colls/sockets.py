@@ -11,7 +11,11 @@ one: a read or write raises ``TimeoutError`` (ETIMEDOUT), which the store and th
 turn into a :class:`~colls.errors.NetworkError` naming the peer.
 
 A peer that is alive answers probes from its kernel, so a slow or stopped program (a long
-computation, a debugger) is never mistaken for a vanished host.
+computation, a debugger) is never mistaken for a vanished host, with one exception that
+:func:`bound_unacknowledged` exists for: Linux drops a connection whose peer keeps its receive
+window closed longer than ``TCP_USER_TIMEOUT``, even while the peer answers every probe. The tcp
+engine closes the window on purpose when it holds a large message unread, so it tells the sender,
+which lifts the bound on that connection until the hold ends.
 """
 
 from __future__ import annotations
@@ -22,29 +26,48 @@ import socket
 from colls import env
 
 
+def _timing() -> tuple[int, int, int]:
+    """Return (idle, interval, count) from the ``COLLS_KEEPALIVE_*`` settings."""
+    return (
+        int(env.get("COLLS_KEEPALIVE_IDLE")),
+        int(env.get("COLLS_KEEPALIVE_INTERVAL")),
+        int(env.get("COLLS_KEEPALIVE_COUNT")),
+    )
+
+
+def bound_unacknowledged(sock: socket.socket, on: bool) -> None:
+    """Drop ``sock`` when sent data stays unacknowledged for the keepalive bound, or stop doing so.
+
+    ``on=False`` is for a connection whose peer said it keeps its window closed on purpose (a held
+    message): keepalive still watches it once nothing is in flight.
+    """
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None:
+        return
+    idle, interval, count = _timing()
+    with contextlib.suppress(OSError):  # e.g. a socket that is already closed by its peer
+        sock.setsockopt(socket.IPPROTO_TCP, option, (idle + interval * count) * 1000 if on else 0)
+
+
 def enable_keepalive(sock: socket.socket) -> None:
     """Turn keepalive on for TCP socket ``sock``, timed by the ``COLLS_KEEPALIVE_*`` settings.
 
     Options the platform lacks are skipped (SO_KEEPALIVE alone then uses the system's timing).
 
+    Args:
+        sock: a TCP socket (connected, or a listener whose accepted sockets inherit the options).
+
     Raises:
         ValueError: a ``COLLS_KEEPALIVE_*`` variable is malformed (the message names it).
     """
-    idle = int(env.get("COLLS_KEEPALIVE_IDLE"))
-    interval = int(env.get("COLLS_KEEPALIVE_INTERVAL"))
-    count = int(env.get("COLLS_KEEPALIVE_COUNT"))
+    idle, interval, count = _timing()
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    for name, value in (
-        ("TCP_KEEPIDLE", idle),
-        ("TCP_KEEPINTVL", interval),
-        ("TCP_KEEPCNT", count),
-        # Data unacknowledged this long drops the connection too (keepalive only probes an
-        # idle one); in milliseconds.
-        ("TCP_USER_TIMEOUT", (idle + interval * count) * 1000),
-    ):
+    timing = (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count))
+    for name, value in timing:
         option = getattr(socket, name, None)
         if option is not None:
             options.append((socket.IPPROTO_TCP, option, value))
     for level, option, value in options:
         with contextlib.suppress(OSError):  # e.g. a socket that is already closed by its peer
             sock.setsockopt(level, option, value)
+    bound_unacknowledged(sock, True)  # keepalive only probes a connection with nothing in flight

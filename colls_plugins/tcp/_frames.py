@@ -6,6 +6,8 @@ Every message on a peer connection is a 16-byte header followed by the payload::
 
 little-endian, no padding. The tag ``GOODBYE_TAG`` (the smallest int64) with zero bytes is a
 control frame: the sender closed its backend in an orderly way and will send nothing more.
+``HOLD_TAG`` frames carry 1 when the sender starts holding a message of the receiver unread and 0
+when it stops (the receiver then lets its connection's window stay closed; ``colls.sockets``).
 
 A new connection starts with a hello in each direction (the connecting rank first, the accepting
 rank answers) so that both ends know who they talk to and refuse strangers::
@@ -26,6 +28,10 @@ HEADER = struct.Struct("<qQ")
 
 #: Tag of the orderly-shutdown control frame; never a user or collective tag.
 GOODBYE_TAG = -(1 << 63)
+
+#: Tag of the hold control frame (its "byte count" field is 1: holding, 0: released); the tag
+#: above the mismatch probe's (colls_plugins.tcp._mismatch.PROBE_TAG = GOODBYE_TAG + 1).
+HOLD_TAG = GOODBYE_TAG + 2
 
 #: Largest tag a message may carry.
 MAX_TAG = (1 << 63) - 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from colls.fingerprint import describe_tag_conflict, sequence_after, tag_sequence
 from colls.matching import MatchTable, RecvOp
-from colls_plugins.tcp._frames import GOODBYE_TAG
+from colls_plugins.tcp._frames import GOODBYE_TAG, HOLD_TAG
 
 #: Tag of the probe control frame (its "byte count" field carries the expected tag).
 PROBE_TAG = GOODBYE_TAG + 1
@@ -39,7 +39,7 @@ _ME = -1
 
 def is_collective(tag: int) -> bool:
     """Return True for the tags of collectives (negative, not a control frame)."""
-    return PROBE_TAG < tag < 0
+    return HOLD_TAG < tag < 0
 
 
 def probe_field(tag: int) -> int:

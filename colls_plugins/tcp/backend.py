@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from colls.algorithms import select
 from colls.backend import Backend, every_rank_has_a_core
 from colls_plugins.tcp import shm_collectives
-from colls_plugins.tcp._frames import MAX_TAG
-from colls_plugins.tcp._mismatch import PROBE_TAG
+from colls_plugins.tcp._frames import HOLD_TAG, MAX_TAG
 from colls_plugins.tcp._scratch import ScratchArena
 from colls_plugins.tcp.connections import connect_mesh
 from colls_plugins.tcp.engine import Engine
@@ -89,7 +88,7 @@ class TcpBackend(Backend):
                 is not a C-contiguous buffer.
         """
         dst = _check_count("dst", dst, 0, self.world_size, "isend")
-        tag = _check_count("tag", tag, PROBE_TAG + 1, MAX_TAG + 1, "isend")
+        tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "isend")
         return self._engine.isend(array, dst, tag)
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
@@ -101,7 +100,7 @@ class TcpBackend(Backend):
         """
         if src is not None:
             src = _check_count("src", src, 0, self.world_size, "irecv")
-        tag = _check_count("tag", tag, PROBE_TAG + 1, MAX_TAG + 1, "irecv")
+        tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "irecv")
         return self._engine.irecv(array, src, tag)
 
     # -- collectives: shared memory when every rank is on this host -----------------------------

@@ -17,8 +17,11 @@ Threads and what they touch:
   flood of sends nobody receives, thus cannot make it buffer without bound, and the body lands
   straight in the receive buffer (no extra copy). A receive for another tag from that rank, or
   from any rank, turns a held message into an ordinary unexpected one, so no message can block
-  the stream behind it. A header announcing more than ``COLLS_MAX_MESSAGE_BYTES`` loses the
-  connection (a NetworkError naming the peer) before any memory is reserved. For each
+  the stream behind it. The holder tells the sender (a ``HOLD_TAG`` frame) when a hold starts and
+  ends, so that the sender's kernel does not take the closed window for a vanished host
+  (:func:`colls.sockets.bound_unacknowledged`). A header announcing more than
+  ``COLLS_MAX_MESSAGE_BYTES`` loses the connection (a NetworkError naming the peer) before any
+  memory is reserved. For each
   writable peer it flushes the send queue with gathered ``sendmsg`` calls. ``recv_into`` and
   ``sendmsg`` release the GIL, so a reduction running on another thread overlaps with the
   transfer.
@@ -58,8 +61,9 @@ from colls.matching import (
     copy_bytes,
     size_error,
 )
+from colls.sockets import bound_unacknowledged
 from colls.work import Work
-from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, byte_view
+from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, HOLD_TAG, byte_view
 from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
     PROBE_TAG,
@@ -292,6 +296,19 @@ class Engine:
             peer.send_queue.append(SendOp(Work(), deque([header]), None))
         self._flush(peer)
 
+    def _send_control(self, peer: Peer, tag: int, field: int) -> None:
+        """Queue a header-only control frame for the progress thread to send (any thread).
+
+        Called under ``_lock`` by hold and release, so the frames leave in the order of the
+        changes they announce.
+        """
+        with peer.send_lock:
+            if peer.dead is not None:
+                return
+            peer.send_queue.append(SendOp(Work(), deque([memoryview(HEADER.pack(tag, field))]),
+                                          None))
+        self._request_write(peer)
+
     def _on_probe(self, peer: Peer, expected: int) -> None:
         with self._lock:
             stale, conflict, answer = self._tracker.on_probe(peer.rank, expected, self._table)
@@ -481,6 +498,7 @@ class Engine:
         peer.held_tag, peer.held_nbytes = tag, nbytes
         peer.rx_mode = RX_HELD
         self._held.add(peer)
+        self._send_control(peer, HOLD_TAG, 1)
 
     def _release_held(self, op: RecvOp) -> tuple[bool, list[Peer]]:
         """Let receive ``op`` take a held message, or release those that could block it.
@@ -498,6 +516,7 @@ class Engine:
         bound = False
         for peer in peers:
             self._held.discard(peer)
+            self._send_control(peer, HOLD_TAG, 0)
             tag, nbytes = peer.held_tag, peer.held_nbytes
             if not bound and tag == op.tag and nbytes == op.view.nbytes:
                 bound = True
@@ -625,6 +644,9 @@ class Engine:
         elif tag == PROBE_TAG:
             peer.reset_rx()
             self._on_probe(peer, probed_tag(nbytes))
+        elif tag == HOLD_TAG:  # the peer holds our message unread (1) or no longer (0)
+            peer.reset_rx()
+            bound_unacknowledged(peer.sock, on=nbytes == 0)
         elif nbytes > self._max_message:
             self._fail_peer(peer, f"it announced a message of {nbytes} bytes (tag {tag}), more "
                             f"than COLLS_MAX_MESSAGE_BYTES={self._max_message} allows")

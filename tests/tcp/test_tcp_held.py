@@ -8,6 +8,8 @@ behind it. Two backends of one process talk over real loopback sockets.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from tcp_helpers import WAIT, settle, unexpected_bytes, wait_until
@@ -125,3 +127,18 @@ def test_messages_stream_in_order_through_repeated_holds(group):
     for work in sends:
         assert work.wait(WAIT)
     assert unexpected_bytes(b) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_message_held_longer_than_the_keepalive_bound_still_arrives(group, monkeypatch):
+    """A held body leaves the sender at a zero window; keepalive must not take that for a loss."""
+    for name in ("COLLS_KEEPALIVE_IDLE", "COLLS_KEEPALIVE_INTERVAL", "COLLS_KEEPALIVE_COUNT"):
+        monkeypatch.setenv(name, "1")  # connections of silent peers drop after 2 s
+    a, b = group(2)
+    big = np.arange(BIG_BYTES // 8, dtype=np.int64)
+    sent = a.isend(big, 1, COLLECTIVE)
+    time.sleep(5.0)  # the receiver is busy elsewhere, far past the bound
+    assert not sent.is_completed()
+    out = np.zeros_like(big)
+    assert b.irecv(out, 0, COLLECTIVE).wait(WAIT) and sent.wait(WAIT)
+    np.testing.assert_array_equal(out, big)
