@@ -67,6 +67,10 @@ logger = logging.getLogger("colls.store")
 RECV_BYTES = 256 * 1024
 #: Seconds close() waits for the loop thread to finish.
 STOP_JOIN_TIMEOUT_S = 10.0
+#: The longest the loop sleeps in select(). A request may ask for a timeout of up to 2**63 ms,
+#: which select() cannot take (OverflowError: the loop crashed on it, found by fuzzing); a
+#: deadline further out is simply checked again after this long.
+MAX_SELECT_WAIT_S = 3600.0
 #: Unsent reply bytes of one connection past which its requests are no longer read. An honest
 #: client has one request in flight; one that pipelines GETs of a large value without reading
 #: the replies would otherwise make the server copy the value once per request (40 GETs of an
@@ -254,7 +258,7 @@ class StoreServer(CommandsMixin, GuardMixin):
             due.append(self._listener.resume_at)
         if not due:
             return None
-        return max(0.0, min(due) - time.monotonic())
+        return min(MAX_SELECT_WAIT_S, max(0.0, min(due) - time.monotonic()))
 
     def _drain_wake(self) -> None:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import socket
 import struct
 import threading
@@ -33,8 +34,11 @@ from colls.store._wire import Command
 from colls_plugins.tcp import _frames
 from colls_plugins.tcp.connections import ADDRESS_KEY
 
-EXAMPLES = 120
-FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+#: Examples per test, under a fixed seed in CI. ``COLLS_FUZZ_EXAMPLES=N`` makes a longer run with
+#: random seeds, made by hand (docs/reliability.md reports one).
+EXAMPLES = int(os.environ.get("COLLS_FUZZ_EXAMPLES", "120"))
+FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
+                         derandomize="COLLS_FUZZ_EXAMPLES" not in os.environ,
                          suppress_health_check=[HealthCheck.too_slow,
                                                 HealthCheck.function_scoped_fixture])
 #: Resident memory the process may gain over all examples (hypothesis' own caches included;

@@ -225,6 +225,18 @@ def test_add_past_the_int64_range_is_an_error_reply(master: TCPStore) -> None:
     assert master.add("big", -biggest) == 0
 
 
+def test_a_wait_of_the_longest_timeout_keeps_the_server_serving(master: TCPStore) -> None:
+    """Found by fuzzing: a timeout of 2**63 - 1 ms overflowed select() and crashed the loop."""
+    parked = _raw_socket(master)
+    parked.sendall(_wire.encode_frame(_wire.Command.WAIT, [
+        _wire.encode_int((1 << 63) - 1), b"never-set"]))
+    time.sleep(0.2)  # the loop computes its next select() timeout from the parked deadline
+    with _client(master) as other:
+        other.set("after", b"yes")
+        assert other.get("after") == b"yes"
+    parked.close()
+
+
 def test_many_clients_and_parked_waiters(master: TCPStore) -> None:
     clients = [_client(master) for _ in range(200)]
     try:
