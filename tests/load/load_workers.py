@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from typing import Any
 
 import numpy as np
@@ -60,19 +61,47 @@ def many_async_collectives(rank: int, world_size: int, per_group: int) -> dict[s
 
 
 def soak(rank: int, world_size: int, count: int, warmup: int) -> dict[str, Any]:
-    """Run ``count`` small all_reduces; report memory and descriptors after warm-up and at end."""
+    """Run ``count`` small collectives of five kinds, each checked; report memory and descriptors.
+
+    The kinds take turns: all_reduce, broadcast (the root moves), all_gather_into_tensor,
+    reduce_scatter_tensor, and a barrier. Memory and descriptors are read after ``warmup``
+    collectives and at the end.
+    """
     me = psutil.Process(os.getpid())
-    data = np.ones(16, dtype=np.float32)
-    for _ in range(warmup):
-        colls.all_reduce(data)
-        data[:] = 1
+    n = world_size
+    data = np.empty(16, dtype=np.float32)
+    gathered = np.empty(16 * n, dtype=np.float32)
+    scattered = np.empty(16 // n or 1, dtype=np.float32)
+
+    def step(i: int) -> bool:
+        kind, value = i % 5, float(i % 7)
+        if kind == 0:
+            data[:] = value + rank
+            colls.all_reduce(data)
+            return bool((data == value * n + n * (n - 1) / 2).all())
+        if kind == 1:
+            root = i % n
+            data[:] = value if rank == root else -1
+            colls.broadcast(data, src=root)
+            return bool((data == value).all())
+        if kind == 2:
+            data[:] = value + rank
+            colls.all_gather_into_tensor(gathered, data)
+            return bool((gathered == np.repeat(np.arange(n) + value, 16)).all())
+        if kind == 3:
+            source = np.full(scattered.size * n, value + rank, dtype=np.float32)
+            colls.reduce_scatter_tensor(scattered, source)
+            return bool((scattered == value * n + n * (n - 1) / 2).all())
+        colls.barrier()
+        return True
+
+    for i in range(warmup):
+        step(i)
     colls.barrier()
     rss0, fds0 = me.memory_info().rss, me.num_fds()
-    wrong = 0
-    for i in range(count):
-        data[:] = i % 7
-        colls.all_reduce(data)
-        wrong += data[0] != (i % 7) * world_size
+    start = time.perf_counter()
+    wrong = sum(not step(i) for i in range(count))
+    elapsed = time.perf_counter() - start
     colls.barrier()
     return {"rss_growth": me.memory_info().rss - rss0, "fd_growth": me.num_fds() - fds0,
-            "wrong": int(wrong)}
+            "wrong": int(wrong), "seconds": elapsed}

@@ -12,6 +12,7 @@ from colls.testing import spawn
 #: Resident memory a rank may gain over the soak after warm-up (allocator noise, no leak).
 SOAK_RSS_BOUND = 8 << 20
 SOAK_COLLECTIVES = 10_000
+SOAK_RANKS = 4
 
 
 @pytest.mark.timeout(180)
@@ -33,10 +34,13 @@ def test_hundreds_of_concurrent_async_collectives_on_several_groups(shm):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("shm", ["1", "0"])
-def test_soak_of_ten_thousand_collectives_keeps_memory_and_descriptors_flat(shm):
-    results = spawn(soak, 2, args=(SOAK_COLLECTIVES, 500), timeout=240, env={"COLLS_SHM": shm})
+def test_soak_of_ten_thousand_mixed_collectives_keeps_memory_and_descriptors_flat(shm):
+    results = spawn(soak, SOAK_RANKS, args=(SOAK_COLLECTIVES, 500), timeout=360,
+                    env={"COLLS_SHM": shm})
+    print(f"soak COLLS_SHM={shm}:", [{k: got[k] for k in ("rss_growth", "fd_growth", "seconds")}
+                                     for got in results])
     for got in results:
         assert got["wrong"] == 0
         assert got["fd_growth"] <= 0, got
