@@ -10,7 +10,6 @@ Nothing else in colls translates ranks or validates user arguments.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,6 +61,7 @@ def resolve_group(group: Any) -> ProcessGroup | None:
     """
     _call.record = None
     _call.group = None
+    _call.cuda = False  # set by buffer() when an array of this call lives in CUDA memory
     pg = _resolve(group)
     _call.group = pg
     return pg
@@ -196,6 +196,8 @@ def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
     buf = obj if isinstance(obj, Buffer) else buffers.as_buffer(
         obj, writable=writable, arg=arg, op=op, rank=REGISTRY.world_rank
     )
+    if buf.device == "cuda":
+        _call.cuda = True
     _record(op).saw_array(arg, buf.shape, buf.dtype.name)
     return buf
 
@@ -301,18 +303,18 @@ def call_timeout(timeout: Any, *, op: str) -> float | None:
 # -- submission ---------------------------------------------------------------------------------
 
 
-def _caller_stream(pg: ProcessGroup) -> Any:
-    """Return the caller's current CUDA stream when ``pg``'s backend moves CUDA memory, else None.
+def _caller_stream() -> Any:
+    """Return the caller's current CUDA stream when the call has a CUDA array, else None.
 
     A backend that runs kernels orders them after this stream; the job may run on the group's
-    executor thread, where CuPy's current stream (per thread) would be another. Without CuPy
-    imported no CUDA array can have reached colls, so there is nothing to order after.
+    executor thread, where CuPy's current stream (per thread) would be another. A call on CPU
+    arrays never touches CUDA, even where CuPy is imported.
     """
-    if "cuda" not in pg.backend.devices:
+    if not getattr(_call, "cuda", False):
         return None
-    cupy = sys.modules.get("cupy")
-    return None if cupy is None else cupy.cuda.get_current_stream()
+    import cupy  # a CUDA array was imported, through CuPy
 
+    return cupy.cuda.get_current_stream()
 
 
 def submit(
@@ -341,7 +343,7 @@ def submit(
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
     tag = fingerprint.collective_tag(seq, record.signature())
-    stream = _caller_stream(pg)
+    stream = _caller_stream()
 
     def run() -> Any:
         if health.error is not None:  # a failure while this call was queued
