@@ -100,6 +100,19 @@ def _same_ieee(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(nan_a, nan_b) and torch.equal(a[~nan_a], b[~nan_b]))
 
 
+
+def _reduce_silently(values: list[float], dtype: torch.dtype, name: str, op: Any,
+                     expected: torch.Tensor, rank: int, failures: list[str],
+                     caught: list[str]) -> None:
+    """all_reduce ``values`` through colls_torch; note a result unlike ``expected`` or a warning."""
+    got = torch.tensor(values, dtype=dtype)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        C.all_reduce(got, op=op)
+    caught += [f"{dtype} {name}: {w.message}" for w in seen]
+    if not _same_ieee(expected, got):
+        failures.append(f"rank {rank} {dtype} {name}: torch {expected}, colls {got}")
+
 def ieee_reductions(rank: int, size: int) -> dict[str, Any]:
     """Reductions that overflow, make NaN or underflow: colls_torch gives gloo's results, silently.
 
@@ -123,13 +136,7 @@ def ieee_reductions(rank: int, size: int) -> dict[str, Any]:
         for name, op, values in cases:
             expected = torch.tensor(values, dtype=dtype)
             T.all_reduce(expected, op=op)
-            got = torch.tensor(values, dtype=dtype)
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                C.all_reduce(got, op=op)
-            caught += [f"{dtype} {name}: {w.message}" for w in seen]
-            if not _same_ieee(expected, got):
-                failures.append(f"rank {rank} {dtype} {name}: torch {expected}, colls {got}")
+            _reduce_silently(values, dtype, name, op, expected, rank, failures, caught)
         values = [big, -big, sign_inf, 1.0]
         summed = torch.tensor(values, dtype=dtype)
         T.all_reduce(summed)
@@ -138,13 +145,7 @@ def ieee_reductions(rank: int, size: int) -> dict[str, Any]:
             "PREMUL_SUM": (C._make_nccl_premul_sum(4.0), _sum_of(values, dtype, 4.0)),
         }
         for name, (op, expected) in derived.items():
-            got = torch.tensor(values, dtype=dtype)
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                C.all_reduce(got, op=op)
-            caught += [f"{dtype} {name}: {w.message}" for w in seen]
-            if not _same_ieee(expected, got):
-                failures.append(f"rank {rank} {dtype} {name}: torch {expected}, colls {got}")
+            _reduce_silently(values, dtype, name, op, expected, rank, failures, caught)
     return {"failures": failures, "warnings": caught}
 
 
