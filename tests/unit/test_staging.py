@@ -1,74 +1,17 @@
 """The staging pipeline of colls.staging, with the device's copy engines played by threads.
 
-No GPU is needed: :class:`ThreadCopier` copies between a NumPy "device" array and the host buffers
-on two worker threads (one per direction, as the CUDA copier uses a stream per direction), each
-copy taking a little time, so the pipeline's overlap and its ordering rules are exercised for real.
-It also checks the one rule a pipeline can break silently: no copy may write a host buffer that an
-unfinished copy up is still reading. The CuPy copier itself runs only in tests/gpu.
+No GPU is needed: colls.testing.staging's ThreadCopier copies on two worker threads, so the
+pipeline's overlap and its ordering rules run for real. The CuPy copier runs only in tests/gpu.
 """
 
 from __future__ import annotations
-
-import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from colls import staging
 from colls.staging import PIPELINE_DEPTH, run_segmented, segment_bounds
-
-COPY_SECONDS = 0.002
-
-
-class ThreadCopier:
-    """A :class:`colls.staging.Copier` over a NumPy array, copying on two threads."""
-
-    def __init__(self, device: np.ndarray) -> None:
-        self.device = device.view(np.uint8).reshape(-1)
-        self._down = ThreadPoolExecutor(1)
-        self._up = ThreadPoolExecutor(1)
-        self._reading: dict[int, Future] = {}  # host buffer address -> copy up still reading it
-        self.log: list[tuple[str, int]] = []
-        self.violations: list[str] = []
-        self.finished = False
-        self._lock = threading.Lock()
-
-    def _note(self, what: str, offset: int) -> None:
-        with self._lock:
-            self.log.append((what, offset))
-
-    def download(self, offset: int, host: np.ndarray) -> Future:
-        reading = self._reading.get(host.ctypes.data)
-        if reading is not None and not reading.done():
-            self.violations.append(f"download at {offset} into a buffer an upload still reads")
-        self._note("download", offset)
-
-        def copy() -> None:
-            time.sleep(COPY_SECONDS)
-            host[:] = self.device[offset : offset + host.nbytes]
-
-        return self._down.submit(copy)
-
-    def upload(self, host: np.ndarray, offset: int) -> Future:
-        self._note("upload", offset)
-
-        def copy() -> None:
-            time.sleep(COPY_SECONDS)
-            self.device[offset : offset + host.nbytes] = host
-
-        future = self._up.submit(copy)
-        self._reading[host.ctypes.data] = future
-        return future
-
-    def wait(self, event: Future) -> None:
-        event.result()
-
-    def finish(self) -> None:
-        self._down.shutdown(wait=True)
-        self._up.shutdown(wait=True)
-        self.finished = True
+from colls.testing.staging import StandInDeviceArray, ThreadCopier
 
 
 def _host_buffers(largest: int) -> list[np.ndarray]:
@@ -162,16 +105,6 @@ def test_a_failing_transport_still_waits_for_the_copies():
         run_segmented(copier, _host_buffers(16), segment_bounds(64, 1, 16), transport,
                       download=True, upload=True)
     assert copier.finished
-
-
-class StandInDeviceArray:
-    """A NumPy array that says it is CUDA memory, so that staging moves it through a copier."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.host = data
-        self.dtype = data.dtype
-        self.nbytes = data.nbytes
-        self.__cuda_array_interface__ = {"shape": data.shape, "typestr": data.dtype.str}
 
 
 def test_staged_elementwise_uses_the_pool_and_gives_every_buffer_back(monkeypatch):
