@@ -5,10 +5,12 @@
 #    image has no setuptools, the tree goes on PYTHONPATH with its entry points declared by a
 #    generated dist-info, which is what plugin discovery reads);
 # 2. runs tests/gpu (nccl at world size 1: every collective against NumPy, stream ordering, torch
-#    and JAX arrays, the device checks, two ranks on one GPU) and tests/nccl (the CPU-side tests,
-#    now with CuPy and a device present);
+#    and JAX arrays, the device checks, two ranks on one GPU; tcp with CUDA arrays at 2 and 4
+#    ranks) and tests/nccl (the CPU-side tests, now with CuPy and a device present);
 # 3. prints benchmarks/gpu_bench.py's table: colls' nccl against cupyx.distributed and torch's
-#    NCCL process group, all_reduce at world size 1.
+#    NCCL process group, all_reduce at world size 1;
+# 4. prints benchmarks/gpu_tcp_bench.py's table: tcp with CuPy arrays at 2 ranks (staged through
+#    pinned memory) against the host transport and the copy bandwidth measured in the same run.
 #
 # Needs: python with numpy, pluggy, cupy (+ the NCCL wheel), pytest; torch and jax are optional.
 # Without pytest in the image it installs it from $COLLS_GPU_WHEELS (a folder of wheels: pytest,
@@ -63,11 +65,14 @@ fi
 
 echo "== tests/gpu and tests/nccl"
 if "$PY" -c "import pytest" 2>/dev/null; then
-    timeout 330 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/nccl || status=1
+    timeout 270 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/nccl || status=1
 fi
 
 echo "== benchmark: nccl at world size 1 vs cupyx.distributed and torch"
-timeout 150 "$PY" benchmarks/gpu_bench.py --iters 50 || status=1
+timeout 90 "$PY" benchmarks/gpu_bench.py --iters 50 || status=1
+
+echo "== benchmark: tcp with CuPy arrays at 2 ranks vs the host transport and the copies"
+timeout 100 "$PY" benchmarks/gpu_tcp_bench.py --iters 5 || status=1
 
 echo "== gpu_check.sh exit status $status"
 exit $status

@@ -1,9 +1,10 @@
 """Functional collectives: return new arrays of the input's type, never write into the input.
 
 For immutable arrays (JAX) and for code that prefers values to mutation. Each function copies the
-input once into a NumPy scratch buffer, runs the in-place collective on it, and returns the
-result as an array of the input's framework (NumPy, torch, JAX). CPU arrays only: a CUDA array
-is a ``TypeError`` (no GPU path of colls has run on a GPU yet).
+input once into a scratch buffer on the input's device (NumPy, or CuPy for CUDA memory), runs the
+in-place collective on it, and returns the result as an array of the input's framework (NumPy,
+torch, JAX, CuPy) on that device. A CUDA array needs a group whose backend moves CUDA arrays
+(tcp stages them through the host; nccl; mpi), like the in-place calls.
 """
 
 from __future__ import annotations
@@ -37,10 +38,7 @@ def _input(array: Any, op: str, group: Any) -> Buffer:
             f"functional.{op}: got a traced JAX value ({type(array).__name__}); inside jax.jit, "
             f"grad or vmap use colls_jax.{op}, which runs through ordered host callbacks"
         )
-    buf = d.buffer(array, arg="array", op=f"functional.{op}", writable=False)
-    if buf.device != "cpu":
-        raise TypeError(f"functional.{op}: only CPU arrays are supported, got {buf.device}")
-    return buf
+    return d.buffer(array, arg="array", op=f"functional.{op}", writable=False)
 
 
 def all_reduce(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any:

@@ -8,7 +8,7 @@ Skipped, with the reason, where NCCL cannot run (no CuPy, no libnccl, no CUDA de
   and a kernel after it reads the output, with no host synchronisation in between (and the host
   is shown not to have waited);
 * torch CUDA tensors and JAX GPU arrays through the backend;
-* the core's device check: a CPU array on nccl and a CUDA array on tcp are refused;
+* the core's device check: a CPU array on nccl is refused (tcp takes CUDA arrays: test_tcp_cuda);
 * two ranks on one GPU are refused naming both ranks.
 """
 
@@ -242,19 +242,6 @@ def test_a_cpu_array_is_refused_by_nccl(nccl_world):
                                         r"array \(numpy\.ndarray\), but backend 'nccl' of group "
                                         r"'default_pg' moves only cuda arrays"):
         colls.all_reduce(host)
-
-
-def test_a_cuda_array_is_refused_by_tcp():
-    colls.init_process_group("tcp", store=HashStore(), rank=0, world_size=1)
-    try:
-        array = cupy.ones(3, dtype=cupy.float32)
-        with pytest.raises(TypeError, match=r"^all_reduce on rank 0: argument 'tensor' is a cuda "
-                                            r"array \(cupy\.ndarray\), but backend 'tcp' of "
-                                            r"group 'default_pg' moves only cpu arrays"):
-            colls.all_reduce(array)
-        assert cupy.asnumpy(array).tolist() == [1.0, 1.0, 1.0]
-    finally:
-        colls.destroy_process_group()
 
 
 def test_two_ranks_on_one_gpu_are_refused_naming_both():
