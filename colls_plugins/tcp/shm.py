@@ -19,13 +19,19 @@ A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_byt
 
     control page, int64 words written only by the owner:
       [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
+      [64 + 8p] stamp of tiny message p (p = 0, 1)   [65 + 8p ... 71 + 8p] its payload (56 bytes)
+
+**Tiny messages** (an all_reduce of at most :data:`TINY_BYTES`,
+:mod:`colls_plugins.tcp.shm_tiny`) skip the slots: the stamp and the payload share one cache line
+of the control page, and consecutive tiny calls alternate between two such lines, so a rank never
+waits for a slot to be free before writing (its peers finished reading line ``p`` before they
+posted in the tiny call that used the other line, which this rank waited for).
 
 **Stamps.** Before a rank writes a piece into slot ``s`` it stores the collective's tag in word
 ``24 + s``. The tag (:mod:`colls.fingerprint`) carries the call's sequence number and its
 signature (operation, dtype, agreed element count, root, reduce op), so a rank that reads a peer's
 piece first compares the peer's stamp with its own and raises on any difference: the same
 mismatch check as the socket path, and the same message.
-    slot 0 | slot 1
 
 **Phases.** A rank's phase counter counts the times it has *posted*: "my part of this step is in
 my segment" or "I am done reading yours". Every collective makes every rank post the same number
@@ -82,6 +88,10 @@ SLOT_ALIGN = 64
 
 _MAGIC = 0x434F4C4C5353484D  # "COLLSSHM"
 _W_MAGIC, _W_TOKEN, _W_SEQ, _W_SLEEP, _W_STAMP = 0, 1, 8, 16, 24  # int64 word offsets
+#: First word of the two tiny-message lines (each: stamp, then payload), cache-line aligned.
+_W_TINY = 64
+#: Payload bytes of one tiny message: a cache line less its stamp.
+TINY_BYTES = 56
 
 #: Busy-poll iterations before yielding (about a microsecond each; none when ranks outnumber
 #: cores).
@@ -122,6 +132,13 @@ class Segment:
             for s in range(SLOTS)
         ]
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
+        raw = memoryview(mm)
+        #: The payloads of the two tiny-message lines, as bytes.
+        self.tiny = [
+            raw[(_W_TINY + 8 * p + 1) * 8 : (_W_TINY + 8 * p + 1) * 8 + TINY_BYTES]
+            for p in range(2)
+        ]
+        raw.release()
 
     @staticmethod
     def size_for(slot_bytes: int) -> int:
@@ -195,6 +212,10 @@ class Segment:
         self.close_fd()
         self._typed.clear()
         self.slots = []
+        for view in self.tiny:
+            with contextlib.suppress(BufferError):  # a NumPy view left to the GC: it goes too
+                view.release()
+        self.tiny = []
         self.ctrl.release()
         try:
             self.mm.close()
@@ -240,6 +261,9 @@ class ShmGroup:
         self._slot = 0
         self._slot_free = [0] * SLOTS  # peers must pass this phase before a slot is rewritten
         self._views: dict[tuple[int, np.dtype[Any]], list[np.ndarray]] = {}
+        self._tiny_line = 1  # the first tiny message uses line 0
+        self._tiny_views: dict[tuple[int, str], list[memoryview]] = {}
+        self._tiny_arrays: dict[tuple[int, np.dtype[Any]], list[np.ndarray]] = {}
         self._closed = False
 
     # -- phases --------------------------------------------------------------------------------
@@ -274,9 +298,12 @@ class ShmGroup:
             Exception: the error ``peer_error`` reports for a missing rank (a dead peer).
         """
         ctrls = self._ctrls
-        pending = [r for r in ranks if ctrls[r][_W_SEQ] < target]
-        if not pending:
+        for r in ranks:
+            if ctrls[r][_W_SEQ] < target:
+                break
+        else:
             return
+        pending = [r for r in ranks if ctrls[r][_W_SEQ] < target]
         if self._spin:
             for _ in range(self._spin_iterations):
                 pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
@@ -379,12 +406,56 @@ class ShmGroup:
             self._views[key] = views
         return views
 
+    # -- tiny messages -------------------------------------------------------------------------
+    def claim_tiny(self, tag: int) -> int:
+        """Return the tiny line for the next tiny message, stamped with ``tag`` (see above)."""
+        line = self._tiny_line = self._tiny_line ^ 1
+        self._me[_W_TINY + 8 * line] = tag
+        return line
+
+    def check_tiny(self, line: int, what: str) -> None:
+        """Raise BackendError if a peer stamped another call's tag on tiny line ``line``."""
+        word = _W_TINY + 8 * line
+        mine = self._me[word]
+        ctrls = self._ctrls
+        for r in self.peers:
+            if ctrls[r][word] != mine:
+                raise BackendError(
+                    f"rank {self.rank}: {what}: {describe_tag_conflict(mine, ctrls[r][word], r)}"
+                )
+
+    def tiny_payloads(self, line: int, fmt: str) -> list[memoryview]:
+        """Return every rank's tiny payload on ``line`` as a ``fmt`` memoryview (cached)."""
+        key = (line, fmt)
+        views = self._tiny_views.get(key)
+        if views is None:
+            views = [seg.tiny[line].cast(fmt) for seg in self.segments]
+            self._tiny_views[key] = views
+        return views
+
+    def tiny_arrays(self, line: int, dtype: np.dtype[Any]) -> list[np.ndarray]:
+        """Return every rank's tiny payload on ``line`` as ``dtype`` arrays (cached)."""
+        key = (line, dtype)
+        arrays = self._tiny_arrays.get(key)
+        if arrays is None:
+            arrays = [
+                np.frombuffer(seg.tiny[line], dtype=dtype, count=TINY_BYTES // dtype.itemsize)
+                for seg in self.segments
+            ]
+            self._tiny_arrays[key] = arrays
+        return arrays
+
     def close(self) -> None:
         """Unmap every segment and close the wake-up socket. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._views.clear()
+        for views in self._tiny_views.values():
+            for view in views:
+                view.release()
+        self._tiny_views.clear()
+        self._tiny_arrays.clear()
         for seg in self.segments:
             seg.close()
         if self._wake_sock is not None:

@@ -6,6 +6,8 @@ piece is a few *phases*: write into the own slot, post, wait for the peers' post
 Reductions read the peers' slots and write the destination directly with in-place ufuncs, so data
 is copied into shared memory once and out once, with no socket and no progress thread involved.
 
+* all_reduce, tiny (``<= shm.TINY_BYTES``): one phase through the control page, reduced without
+  a NumPy call per peer (:mod:`colls_plugins.tcp.shm_tiny`).
 * all_reduce, small (``<= FLAT_MAX_BYTES``): one phase. Every rank copies its piece into its slot;
   after the wait every rank computes ``s0 op s1 op ... op s(n-1)`` in rank order itself, so all
   ranks get bitwise identical results without a second phase.
@@ -33,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from colls.algorithms._p2p import chunk_bounds, segments
+from colls_plugins.tcp import shm_tiny
 from colls_plugins.tcp.shm import ShmGroup
 
 if TYPE_CHECKING:
@@ -63,7 +66,9 @@ def all_reduce(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> None:
     """Reduce ``array`` across the group in place (bitwise identical on every rank)."""
     if array.size == 0:
         return
-    if array.nbytes <= FLAT_MAX_BYTES:
+    if shm_tiny.fits(array):
+        shm_tiny.all_reduce(g, array, op, tag)
+    elif array.nbytes <= FLAT_MAX_BYTES:
         _all_reduce_flat(g, array, op, tag)
     else:
         _all_reduce_rsag(g, array, op, tag)

@@ -1,0 +1,96 @@
+"""all_reduce of a few elements through shared memory, in one phase and without NumPy per peer.
+
+A solver's dot products are all_reduces of one float64; at that size a collective's time is
+Python's, not the memory's, so this path does as little as it can:
+
+* no slot: the payload goes into one of the two tiny lines of the rank's control page, next to
+  its stamp (:class:`~colls_plugins.tcp.shm.ShmGroup`, "Tiny messages"), and is copied in with one
+  memoryview assignment;
+* one phase: post, wait for every peer's post, check their stamps, then every rank reduces all
+  ranks' payloads itself in rank order (bitwise the same result everywhere);
+* the reduction folds the payloads element by element as Python numbers through memoryviews of
+  the array's format: a float32 store rounds the float64 sum of two float32 values to float32,
+  which is exactly IEEE float32 addition (and likewise for multiplication), so the result is
+  bitwise NumPy's ``((s0 + s1) + s2) + ...``. An integer result out of the type's range (which
+  NumPy wraps) makes the store raise; that call, and every dtype or op without a fold
+  (:data:`FOLDS`), combines with the op's NumPy kernel instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from colls import dtypes
+from colls_plugins.tcp.shm import TINY_BYTES, ShmGroup
+
+if TYPE_CHECKING:
+    from colls.reduce_ops import ReduceSpec
+
+WHAT = "all_reduce (shm, tiny)"
+
+#: (op name, dtype) pairs folded in Python: True adds, False multiplies. Floats only where
+#: Python's float64 arithmetic rounded to the dtype is the dtype's own IEEE arithmetic.
+FOLDS: dict[tuple[str, dtypes.DType], bool] = {
+    (name, dtype): name != "PRODUCT"
+    for name in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT")
+    for dtype in (dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32, dtypes.INT64)
+}
+
+
+def fits(array: Any) -> bool:
+    """Whether ``array`` (a 1-D C-contiguous NumPy array) goes through this path."""
+    return array.nbytes <= TINY_BYTES
+
+
+def all_reduce(g: ShmGroup, array: Any, op: ReduceSpec, tag: int) -> None:
+    """Reduce ``array`` (at most :data:`TINY_BYTES`, not empty) across the group in place."""
+    line = g.claim_tiny(tag)
+    adds = FOLDS.get((op.name, op.dtype))
+    if adds is None:
+        _exchange_numpy(g, array, op, line)
+        return
+    out = memoryview(array)
+    payloads = g.tiny_payloads(line, out.format)
+    count = len(out)
+    payloads[g.rank][:count] = out
+    g.post()
+    g.wait_all(g.phase, WHAT)
+    g.check_tiny(line, WHAT)
+    try:
+        _fold(out, payloads, count, adds)
+    except ValueError:  # an integer out of range: NumPy's kernel wraps it
+        _combine(g, array, op, line)
+
+
+def _fold(out: memoryview, payloads: list[memoryview], count: int, adds: bool) -> None:
+    """Set ``out`` to the rank-order sum (or product) of ``payloads[r][:count]``."""
+    out[:] = payloads[0][:count]
+    for payload in payloads[1:]:
+        if adds:
+            for i in range(count):
+                out[i] = out[i] + payload[i]
+        else:
+            for i in range(count):
+                out[i] = out[i] * payload[i]
+
+
+def _exchange_numpy(g: ShmGroup, array: Any, op: ReduceSpec, line: int) -> None:
+    """The same exchange for dtypes and ops without a fold: NumPy copies and kernels."""
+    arrays = g.tiny_arrays(line, array.dtype)
+    arrays[g.rank][: array.size] = array
+    g.post()
+    g.wait_all(g.phase, WHAT)
+    g.check_tiny(line, WHAT)
+    _combine(g, array, op, line)
+
+
+def _combine(g: ShmGroup, array: Any, op: ReduceSpec, line: int) -> None:
+    """Set ``array`` to the rank-order reduction of every rank's payload with ``op``'s kernel."""
+    arrays = g.tiny_arrays(line, array.dtype)
+    count = array.size
+    array[...] = arrays[0][:count]
+    for other in arrays[1:]:
+        op.combine(array, other[:count])
+
+
+__all__ = ["FOLDS", "all_reduce", "fits"]

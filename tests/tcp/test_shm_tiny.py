@@ -1,0 +1,127 @@
+"""The tcp backend's tiny all_reduce through the control page (colls_plugins.tcp.shm_tiny)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import shm_tiny_workers
+from tcp_helpers import run_ranks
+
+from colls import dtypes, fingerprint
+from colls.errors import BackendError
+from colls.reduce_ops import ReduceOp, resolve_op
+from colls.testing.spawn import spawn
+from colls_plugins.tcp import shm, shm_setup, shm_tiny
+
+pytestmark = pytest.mark.skipif(
+    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
+    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
+)
+
+
+def _reduce(group, name: str, inputs: list[np.ndarray], op: ReduceOp, dtype: dtypes.DType,
+            tag: int = -1) -> list[np.ndarray]:
+    """all_reduce ``inputs`` (one per rank) on a fresh shm group; return every rank's result."""
+    world = len(inputs)
+    backends = group(world, name=name)
+    assert all(b.uses_shm for b in backends)
+    spec = resolve_op(op, dtype, op_name="all_reduce")
+    arrays = [a.copy() for a in inputs]
+    run_ranks(lambda r: backends[r].all_reduce(arrays[r], spec, tag), world)
+    return arrays
+
+
+def _reference(inputs: list[np.ndarray], op: ReduceOp, dtype: dtypes.DType) -> np.ndarray:
+    return resolve_op(op, dtype, op_name="all_reduce").numpy_reference(inputs)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PRODUCT], ids=["sum", "product"])
+@pytest.mark.parametrize("dtype", [dtypes.FLOAT32, dtypes.FLOAT64], ids=lambda d: d.name)
+def test_the_python_fold_is_bitwise_numpys_rank_order_reduction(group, op, dtype):
+    """Random non-integral values: every rounding step must be the dtype's own."""
+    rng = np.random.default_rng(7)
+    count = shm.TINY_BYTES // dtype.itemsize
+    inputs = [(rng.standard_normal(count) * 1e3).astype(dtype.numpy) for _ in range(3)]
+    assert (op.name, dtype) in shm_tiny.FOLDS and shm_tiny.fits(inputs[0])
+    expected = _reference(inputs, op, dtype)
+    for result in _reduce(group, f"fold-{dtype.name}-{op}", inputs, op, dtype):
+        assert result.tobytes() == expected.tobytes()
+
+
+@pytest.mark.timeout(60)
+def test_float32_overflow_gives_inf_and_nan_propagates_as_in_numpy(group):
+    big = np.finfo(np.float32).max
+    inputs = [np.array([big, 1.0, np.nan, -0.0], np.float32),
+              np.array([big, np.inf, 1.0, -0.0], np.float32)]
+    expected = _reference(inputs, ReduceOp.SUM, dtypes.FLOAT32)
+    for result in _reduce(group, "ieee", inputs, ReduceOp.SUM, dtypes.FLOAT32):
+        assert result.tobytes() == expected.tobytes()
+    assert np.isinf(expected[0]) and np.isnan(expected[2]) and np.signbit(expected[3])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtype", [dtypes.INT32, dtypes.INT64], ids=lambda d: d.name)
+def test_integer_overflow_wraps_as_in_numpy(group, dtype):
+    """The fold's store refuses an out-of-range integer; the NumPy kernel then wraps it."""
+    top = np.iinfo(dtype.numpy).max
+    inputs = [np.array([top, 5, -3], dtype.numpy), np.array([1, 7, -4], dtype.numpy),
+              np.array([top, 1, 2], dtype.numpy)]
+    expected = _reference(inputs, ReduceOp.SUM, dtype)
+    assert expected[0] == np.array(top, dtype.numpy) + np.array(1, dtype.numpy) + top  # wrapped
+    for result in _reduce(group, f"wrap-{dtype.name}", inputs, ReduceOp.SUM, dtype):
+        np.testing.assert_array_equal(result, expected)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("op", "dtype"),
+    [(ReduceOp.MIN, dtypes.FLOAT32), (ReduceOp.MAX, dtypes.INT64), (ReduceOp.SUM, dtypes.COMPLEX64),
+     (ReduceOp.SUM, dtypes.FLOAT16), (ReduceOp.BXOR, dtypes.UINT8), (ReduceOp.SUM, dtypes.BOOL)],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_ops_and_dtypes_without_a_fold_use_numpys_kernel(group, op, dtype):
+    assert (op.name, dtype) not in shm_tiny.FOLDS
+    rng = np.random.default_rng(3)
+    count = shm.TINY_BYTES // dtype.itemsize
+    inputs = [rng.integers(0, 4, count).astype(dtype.numpy) for _ in range(3)]
+    if dtype is dtypes.FLOAT32:
+        inputs[1][0] = np.nan  # np.minimum propagates it
+    expected = _reference(inputs, op, dtype)
+    for result in _reduce(group, f"numpy-{dtype.name}", inputs, op, dtype):
+        assert result.tobytes() == expected.tobytes()
+
+
+@pytest.mark.timeout(60)
+def test_sizes_around_the_tiny_limit_are_right(group):
+    """TINY_BYTES goes through the control page, one element more through a slot."""
+    count = shm.TINY_BYTES // 4
+    for extra in (0, 1):
+        inputs = [np.arange(count + extra, dtype=np.float32) * (r + 1) for r in range(2)]
+        assert shm_tiny.fits(inputs[0]) == (extra == 0)
+        for result in _reduce(group, f"edge-{extra}", inputs, ReduceOp.SUM, dtypes.FLOAT32):
+            np.testing.assert_array_equal(result, inputs[0] * 3)
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_tiny_calls_raise_naming_the_peer(group):
+    backends = group(2, name="tiny-mismatch")
+    arrays = [np.zeros(1), np.zeros(2)]  # 8 and 16 bytes: both tiny, different signatures
+    tags = [fingerprint.collective_tag(0, fingerprint.CallRecord(
+        "all_reduce", "float64", a.shape, None, "SUM").signature()) for a in arrays]
+    spec = resolve_op(ReduceOp.SUM, dtypes.FLOAT64, op_name="all_reduce")
+
+    def body(rank):
+        with pytest.raises(BackendError, match=f"rank {rank}: all_reduce \\(shm, tiny\\): "
+                           f"mismatched collectives: .* on rank {1 - rank}"):
+            backends[rank].all_reduce(arrays[rank], spec, tags[rank])
+        return True
+
+    assert run_ranks(body, 2) == [True, True]
+
+
+@pytest.mark.timeout(120)
+def test_back_to_back_tiny_calls_between_processes_never_read_a_rewritten_line():
+    """Three processes, 1500 tiny all_reduces mixed with barriers and broadcasts."""
+    checked = spawn(shm_tiny_workers.interleaved, 3, args=(1500,), timeout=90)
+    assert checked == [1500, 1500, 1500]
