@@ -48,6 +48,8 @@ GRIDS = (128, 256, 512, 1024, 2048, 4096)
 #: The issue's targets: colls / mpi4py at most this at every grid, Gloo / colls at least this
 #: at the latency-bound grids.
 MPI_TARGET, GLOO_TARGET, LATENCY_BOUND = 1.3, 5.0, (128, 256)
+#: Grids on which the parts of an iteration are also timed alone (beyond, arithmetic dominates).
+PARTS_MAX_GRID = 512
 
 
 def iterations(grid: int) -> int:
@@ -112,21 +114,48 @@ FACE_CLASSES = {"colls": CollsFace, "mpi": MpiFace, "gloo": GlooFace}
 
 
 # ---------------------------------------------------------------------------------- worker
+def per_iteration(comm, b: np.ndarray, iters: int) -> tuple[float, list[float]]:
+    """Solve from x = 0 for ``iters`` iterations: (time per iteration, setup excluded; history)."""
+    stamps: list[float] = []
+    _, history = cg_poisson.cg(comm, b, tol=0.0, max_iters=iters,
+                               callback=lambda _: stamps.append(time.perf_counter()))
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), history
+
+
+def per_call(fn, count: int) -> float:
+    """Time per call of ``fn()`` over ``count`` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(count):
+        fn()
+    return (time.perf_counter() - t0) / count
+
+
 def time_grid(face, grid: int, a: argparse.Namespace) -> dict:
-    """Time ``cg`` on one grid: per-repeat time per iteration of this rank, and its residual."""
+    """Time ``cg`` on one grid: per-repeat time per iteration of this rank, and its residual.
+
+    On grids up to PARTS_MAX_GRID each repeat also times the parts of an iteration alone: a halo
+    exchange, an all_reduce of one float64, and the local arithmetic (the same solve with no
+    communication, on this rank's block).
+    """
     starts = cg_poisson.row_split(grid, face.size)
     b = cg_poisson.right_hand_side(grid, slice(starts[face.rank], starts[face.rank + 1]))
+    p = np.zeros((b.shape[0] + 2, grid))
     iters = iterations(grid)
-    cg_poisson.cg(face, b, tol=0.0, max_iters=min(iters, 10))  # warm-up
+    per_iteration(face, b, min(iters, 10))  # warm-up
     times, history = [], [1.0]
+    parts: dict[str, list[float]] = {"halo": [], "allsum": [], "compute": []}
     busy0, cpu0, wall0 = peers.host_busy(), peers.own_cpu(), time.perf_counter()
     for _ in range(a.repeats):
         face.allsum(0.0)  # every rank starts together
-        stamps: list[float] = []
-        _, history = cg_poisson.cg(face, b, tol=0.0, max_iters=iters,
-                                   callback=lambda _, add=stamps.append: add(time.perf_counter()))
-        times.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+        t, history = per_iteration(face, b, iters)
+        times.append(t)
+        if grid <= PARTS_MAX_GRID:
+            face.allsum(0.0)
+            parts["halo"].append(per_call(lambda: face.halo_exchange(p), iters))
+            parts["allsum"].append(per_call(lambda: face.allsum(1.0), iters))
+            parts["compute"].append(per_iteration(cg_poisson.SerialComm(), b, iters)[0])
     return {"grid": grid, "iters": iters, "times": times, "residual": history[-1],
+            "parts": {k: v for k, v in parts.items() if v},
             "cpu": peers.own_cpu() - cpu0, "host_busy": peers.host_busy() - busy0,
             "wall": time.perf_counter() - wall0}
 
@@ -160,8 +189,11 @@ def launch(face: str, n: int, a: argparse.Namespace) -> list[dict]:
         cells = [rank["grids"][i] for rank in ranks]
         slowest = np.max([c["times"] for c in cells], axis=0)  # per repeat, over ranks
         own = sum(c["cpu"] for c in cells)
+        parts = {k: float(np.median(np.max([c["parts"][k] for c in cells], axis=0)))
+                 for k in cells[0]["parts"]}
         rows.append({"face": face, "n": n, "grid": grid, "iters": cells[0]["iters"],
                      "t_iter": float(np.median(slowest)), "t_repeats": slowest.tolist(),
+                     "parts": parts,
                      "residual": cells[0]["residual"], "version": ranks[0]["version"],
                      "foreign_cores": round(max(0.0, (cells[0]["host_busy"] - own)
                                                 / cells[0]["wall"]), 2),
@@ -240,6 +272,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parts_table(rows: list[dict]) -> str:
+    """Markdown: each part of an iteration timed alone, µs per call, against the iteration."""
+    by: dict[tuple[int, int, str], list[dict]] = {}
+    for r in rows:
+        if r.get("parts"):
+            by.setdefault((r["n"], r["grid"], r["face"]), []).append(r)
+    lines = ["| N | grid | face | halo exchange | all_reduce | arithmetic | sum of the parts "
+             "(halo + 2 all_reduce + arithmetic) | iteration |", "|---" * 8 + "|"]
+    for n, grid, face in sorted(by, key=lambda k: (k[0], k[1], FACES.index(k[2]))):
+        cells = by[(n, grid, face)]
+        halo, allsum, compute = (statistics.median(r["parts"][k] for r in cells)
+                                 for k in ("halo", "allsum", "compute"))
+        it = statistics.median(r["t_iter"] for r in cells)
+        figures = (halo, allsum, compute, halo + 2 * allsum + compute, it)
+        lines.append(f"| {n} | {grid}² | {FACE_NAMES[face]} | "
+                     + " | ".join(f"{x * 1e6:.0f}" for x in figures) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(rows: list[dict], path: str) -> None:
     """Time per iteration against grid size, a panel per N, a line per face (matplotlib)."""
     import matplotlib  # the 'bench' extra; only the plot needs it
@@ -282,6 +333,9 @@ def main() -> None:
     else:
         rows = run(a)
     sys.stdout.write(table(rows))
+    if any(r.get("parts") for r in rows):
+        sys.stdout.write("\nParts of an iteration, each timed alone (µs, slowest rank, median):\n\n"
+                         + parts_table(rows))
     if a.plot:
         plot(rows, a.plot)
     if residual_mismatches(rows):
