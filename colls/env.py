@@ -104,8 +104,16 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "COLLS_SHM", _parse_bool, True,
-            "tcp backend: move collective data through shared memory when every rank of a "
-            "group is on one host (same hostname and boot id); 0 keeps everything on TCP.",
+            "tcp backend: move collective data through shared memory between the ranks of a "
+            "group that share a host (same COLLS_HOST_ID, else hostname and boot id); 0 keeps "
+            "everything on TCP.",
+        ),
+        Setting(
+            "COLLS_HOST_ID", _parse_str, "",
+            "tcp backend: this process's host identity; ranks with equal identities share memory "
+            "and form one host of the two-level collectives. Empty means hostname and kernel "
+            "boot id; set it for containers that share a kernel but not /dev/shm, or to emulate "
+            "hosts (network namespaces).",
         ),
         Setting(
             "COLLS_TCP_HOST", _parse_str, "",

@@ -6,6 +6,10 @@
 and ``COLLS_SEGMENT_BYTES`` (the pipelining unit). docs/algorithms.md explains each rule with the
 alpha-beta cost model.
 
+:func:`choose_levels` decides, from the group's host map, whether a collective runs flat (one of
+the algorithms above over the whole group) or in one of the two-level shapes of
+:mod:`colls.algorithms.hierarchical`.
+
 Every rank must reach the same decision, so ``nbytes`` is always a size every rank knows (the
 whole buffer of the collective, not a rank's share) and the environment must agree across ranks.
 """
@@ -15,8 +19,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from colls import env
+
+if TYPE_CHECKING:
+    from colls.algorithms.hosts import HostMap
 
 #: Valid algorithm names per collective (what COLLS_ALGORITHM accepts).
 ALGORITHMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -128,3 +136,55 @@ def choose(collective: str, nbytes: int, world_size: int) -> str:
     if collective in ("gather", "scatter"):
         return "binomial" if small else "direct"
     return ALGORITHMS[collective][0]
+
+
+#: Collectives that have two-level shapes (:mod:`colls.algorithms.hierarchical`), and the shapes.
+TWO_LEVEL_SHAPES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "all_reduce": ("two_level", "leader"),
+        "broadcast": ("leader",),
+        "reduce": ("leader",),
+        "all_gather": ("two_level", "leader"),
+        "reduce_scatter": ("two_level", "leader"),
+        "barrier": ("leader",),
+    }
+)
+
+
+def choose_levels(collective: str, nbytes: int, hosts: HostMap | None) -> str:
+    """Return "flat" or the two-level shape that runs ``collective`` over the host map ``hosts``.
+
+    Flat (the group's own algorithm, :func:`choose`) when the group is on one host, has one rank
+    per host, has no host map (``None``), when the collective has no two-level shape, or when
+    ``COLLS_ALGORITHM`` names the collective (forcing a flat algorithm). Otherwise:
+
+    * "two_level" for all_reduce above ``COLLS_SMALL_MESSAGE_BYTES`` and for all_gather and
+      reduce_scatter, when every host holds the same number of ranks: each local rank carries
+      its share across hosts, so every rank's link works in parallel;
+    * "leader" for the rest (small all_reduce, hosts of unequal size, broadcast, reduce,
+      barrier): one rank per host speaks for it between hosts.
+
+    Args:
+        collective: a key of :data:`ALGORITHMS`.
+        nbytes: the whole buffer's size in bytes, the same on every rank (as for :func:`choose`).
+        hosts: the group's host map, agreed by every rank, or None when the transport has none.
+
+    Raises:
+        ValueError: unknown collective, or an invalid ``COLLS_ALGORITHM``.
+    """
+    if collective not in ALGORITHMS:
+        raise ValueError(
+            f"collective must be one of {', '.join(ALGORITHMS)}, got {collective!r}"
+        )
+    if (
+        hosts is None
+        or not hosts.two_level
+        or collective not in TWO_LEVEL_SHAPES
+        or collective in overrides()
+    ):
+        return "flat"
+    if "two_level" not in TWO_LEVEL_SHAPES[collective] or not hosts.uniform:
+        return "leader"
+    if collective == "all_reduce" and nbytes <= int(env.get("COLLS_SMALL_MESSAGE_BYTES")):
+        return "leader"
+    return "two_level"

@@ -1,11 +1,19 @@
 """TcpBackend: the tcp transport's :class:`~colls.backend.Backend`.
 
 The constructor builds the connection mesh through the group's store (blocking until every rank
-has joined, bounded by ``options.timeout``), starts the progress engine and, when every rank is on
-this host, maps the group's shared memory (:mod:`~colls_plugins.tcp.shm`). Point-to-point goes to
-the engine. all_reduce, broadcast, reduce, all_gather, reduce_scatter and barrier run through
-:mod:`~colls_plugins.tcp.shm_collectives` when shared memory is up; everything else (and
-everything when it is not) runs through :mod:`colls.algorithms` over ``isend``/``irecv``.
+has joined, bounded by ``options.timeout``), starts the progress engine, agrees on the group's
+host map and maps shared memory among the ranks of this host (:mod:`~colls_plugins.tcp.shm_setup`).
+Point-to-point goes to the engine. all_reduce, broadcast, reduce, all_gather, reduce_scatter and
+barrier run:
+
+* on a group within one host: through :mod:`~colls_plugins.tcp.shm_collectives` when shared
+  memory is up, else through :mod:`colls.algorithms` over ``isend``/``irecv``;
+* on a group that spans hosts with several ranks on some host: in the two-level shapes of
+  :mod:`colls.algorithms.hierarchical` that :func:`colls.algorithms.select.choose_levels` picks
+  (shared memory inside a host when it is up, sockets between hosts);
+* otherwise (one rank per host) through :mod:`colls.algorithms`.
+
+Everything else runs through :mod:`colls.algorithms`.
 """
 
 from __future__ import annotations
@@ -14,14 +22,16 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from colls.algorithms import select
+from colls.algorithms import hierarchical, select
+from colls.algorithms.hosts import HostMap
 from colls.backend import Backend, every_rank_has_a_core
 from colls_plugins.tcp import shm_collectives
 from colls_plugins.tcp._frames import HOLD_TAG, MAX_TAG
 from colls_plugins.tcp._scratch import ScratchArena
-from colls_plugins.tcp.connections import connect_mesh
+from colls_plugins.tcp.connections import Mesh
 from colls_plugins.tcp.engine import Engine
 from colls_plugins.tcp.shm import ShmGroup
+from colls_plugins.tcp.shm_level import ShmLevel
 from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:
@@ -64,20 +74,41 @@ class TcpBackend(Backend):
         super().__init__(store, rank, world_size, options)
         self._arena = ScratchArena()
         self._poll = every_rank_has_a_core(world_size)
-        connections = connect_mesh(store, rank, world_size, options)
-        self._engine = Engine(rank, connections, options.timeout, options.group_name)
+        mesh = Mesh(store, rank, world_size, options) if world_size > 1 else None
+        self._engine = Engine(rank, {}, options.timeout, options.group_name, mesh=mesh)
         try:
-            self._shm: ShmGroup | None = setup_shm(
+            self._engine.join()  # the ring neighbours; every other peer connects when needed
+            found = setup_shm(
                 store, rank, world_size, options.timeout, self._engine.peer_error,
                 options.group_name,
             )
         except BaseException:
             self._engine.close()
             raise
+        self._hosts: HostMap = found.hosts
+        self._shm: ShmGroup | None = found.shm
+        self._topology = self._two_level_topology()
+
+    def _two_level_topology(self) -> hierarchical.Topology | None:
+        """Return what the two-level collectives run on, or None for a group they never serve."""
+        hosts = self._hosts
+        if not hosts.two_level:
+            return None
+        if self._shm is not None:
+            local: hierarchical.Level = ShmLevel(self._shm)
+        else:
+            ranks = hosts.hosts[hosts.host_of(self.rank)]
+            local = hierarchical.P2PLevel(hierarchical.SubComm(self, ranks))
+        return hierarchical.Topology(self, hosts, local)
+
+    @property
+    def hosts(self) -> HostMap:
+        """The group's host map (the same on every rank)."""
+        return self._hosts
 
     @property
     def uses_shm(self) -> bool:
-        """Whether this group's collectives move data through shared memory."""
+        """Whether this rank's collectives move data through shared memory (with its host peers)."""
         return self._shm is not None
 
     def isend(self, array: Any, dst: int, tag: int) -> Work:
@@ -103,16 +134,28 @@ class TcpBackend(Backend):
         tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "irecv")
         return self._engine.irecv(array, src, tag)
 
-    # -- collectives: shared memory when every rank is on this host -----------------------------
+    # -- collectives: shared memory on one host, two levels across hosts ----------------------
     def _shm_for(self, collective: str) -> ShmGroup | None:
-        """Return the shared memory to run ``collective`` through, or None for point-to-point.
+        """Return the shared memory to run ``collective`` through flat, or None for point-to-point.
 
-        ``COLLS_ALGORITHM`` naming the collective forces the point-to-point algorithm it names.
+        Only a group within one host runs flat through shared memory. ``COLLS_ALGORITHM`` naming
+        the collective forces the point-to-point algorithm it names.
         """
         shm = self._shm
-        if shm is not None and collective in select.overrides():
+        if shm is None or self._hosts.num_hosts > 1 or collective in select.overrides():
             return None
         return shm
+
+    def _two_level(self, collective: str, nbytes: int, *args: Any) -> bool:
+        """Run ``collective`` in a two-level shape if select picks one; return whether it did."""
+        topology = self._topology
+        if topology is None:
+            return False
+        shape = select.choose_levels(collective, nbytes, self._hosts)
+        if shape == "flat":
+            return False
+        self._p2p(hierarchical.run, collective, shape, topology, *args)
+        return True
 
     def poll(self, work: Work) -> None:
         """Read the sockets on this thread for a moment before ``work`` is waited for.
@@ -154,6 +197,8 @@ class TcpBackend(Backend):
 
     def all_reduce(self, array: Any, op: ReduceSpec, tag: int) -> None:
         """Reduce ``array`` across the group in place (shared memory when available)."""
+        if array.size and self._two_level("all_reduce", array.nbytes, array, op, tag):
+            return None
         shm = self._shm_for("all_reduce")
         if shm is None:
             return self._p2p(super().all_reduce, array, op, tag)
@@ -162,6 +207,9 @@ class TcpBackend(Backend):
 
     def broadcast(self, array: Any, root: int, tag: int) -> None:
         """Copy ``root``'s ``array`` to every rank (shared memory when available)."""
+        self._root("broadcast", root)
+        if array.size and self._two_level("broadcast", array.nbytes, array, root, tag):
+            return None
         shm = self._shm_for("broadcast")
         if shm is None:
             return self._p2p(super().broadcast, array, root, tag)
@@ -171,6 +219,9 @@ class TcpBackend(Backend):
 
     def reduce(self, array: Any, root: int, op: ReduceSpec, tag: int) -> None:
         """Reduce into ``root``'s ``array`` (shared memory when available)."""
+        self._root("reduce", root)
+        if array.size and self._two_level("reduce", array.nbytes, array, root, op, tag):
+            return None
         shm = self._shm_for("reduce")
         if shm is None:
             return self._p2p(super().reduce, array, root, op, tag)
@@ -180,24 +231,32 @@ class TcpBackend(Backend):
 
     def all_gather(self, output: Any, input: Any, tag: int) -> None:
         """Concatenate every rank's ``input`` into ``output`` (shared memory when available)."""
+        self._numel("all_gather", "output", output, self.world_size * input.size)
+        if input.size and self._two_level("all_gather", output.nbytes, output, input, tag):
+            return None
         shm = self._shm_for("all_gather")
         if shm is None:
             return self._p2p(super().all_gather, output, input, tag)
-        self._numel("all_gather", "output", output, self.world_size * input.size)
         shm_collectives.all_gather(shm, output, input, tag)
         return None
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceSpec, tag: int) -> None:
         """Reduce ``input`` and give rank r chunk r (shared memory when available)."""
+        self._numel("reduce_scatter", "input", input, self.world_size * output.size)
+        if output.size and self._two_level(
+            "reduce_scatter", input.nbytes, output, input, op, tag
+        ):
+            return None
         shm = self._shm_for("reduce_scatter")
         if shm is None:
             return self._p2p(super().reduce_scatter, output, input, op, tag)
-        self._numel("reduce_scatter", "input", input, self.world_size * output.size)
         shm_collectives.reduce_scatter(shm, output, input, op, tag)
         return None
 
     def barrier(self, tag: int) -> None:
         """Return once every rank has entered (shared memory when available)."""
+        if self._two_level("barrier", 0, tag):
+            return None
         shm = self._shm_for("barrier")
         if shm is None:
             return self._p2p(super().barrier, tag)

@@ -1,15 +1,23 @@
-"""Setting up a tcp group's shared memory: who is on this host, and mapping every segment.
+"""Setting up a tcp group's host map and shared memory: who shares a host, and mapping segments.
 
-Every rank calls :func:`setup` when its backend is created, after the connections are up. Through
-the group's store each rank publishes its host identity (hostname and kernel boot id), its pid,
-the memfd of its :class:`~colls_plugins.tcp.shm.Segment` and the name of its wake-up socket;
-then it maps every peer's segment read-only through ``/proc/<pid>/fd/<fd>`` (checking the token
-stamped in it) and publishes whether that worked. Shared memory is used only when every rank
-succeeded (every rank must pick the same algorithms); otherwise every rank gets None and the
-group stays on TCP. A rank with ``COLLS_SHM=0`` still takes part, so that the others learn it.
+Every rank calls :func:`setup` when its backend is created. Two exchanges through the group's
+store follow:
 
-The memfd stays open only until every rank has answered; from then on the mappings alone keep
-the memory, and the kernel frees it with the last process that maps it.
+1. **Host map** (:func:`exchange_hosts`): each rank publishes its host identity
+   (``COLLS_HOST_ID``, else hostname and kernel boot id); rank 0 reads them all and publishes
+   one :class:`~colls.algorithms.hosts.HostMap` that every rank reads once. That is O(N)
+   store requests for the group, and every rank holds the same map, so every rank chooses the
+   same algorithms (:func:`colls.algorithms.select.choose_levels`).
+2. **Shared memory among the ranks of each host**: each rank publishes its pid, the memfd of its
+   :class:`~colls_plugins.tcp.shm.Segment` and the name of its wake-up socket, maps its host
+   peers' segments read-only through ``/proc/<pid>/fd/<fd>`` (checking the token stamped in
+   them) and publishes whether that worked. A host uses shared memory only when every one of
+   its ranks succeeded; otherwise its ranks meet through TCP. A host with one rank has none. A
+   rank with ``COLLS_SHM=0`` still takes part, so that its host peers learn it. Each rank reads
+   only its own host's keys: O(N x ranks per host) requests.
+
+The memfd stays open only until every host peer has answered; from then on the mappings alone
+keep the memory, and the kernel frees it with the last process that maps it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colls import env
+from colls.algorithms.hosts import HostMap
 from colls.errors import CollsTimeoutError, StoreTimeoutError
 from colls_plugins.tcp.shm import MIN_SLOT_BYTES, SLOT_ALIGN, Segment, ShmGroup
 
@@ -36,6 +45,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("colls.tcp")
 
 #: Store keys of the setup exchange (the store is already prefixed for the group).
+HOST_KEY = "tcp/host/{rank}"
+HOSTMAP_KEY = "tcp/hostmap"
+HOSTMAP_READS_KEY = "tcp/hostmap_reads"
 INFO_KEY = "tcp/shm/{rank}"
 READY_KEY = "tcp/shm_ok/{nonce}/{rank}"
 
@@ -43,7 +55,14 @@ _SUPPORTED_MACHINES = ("x86_64", "amd64")
 
 
 def host_identity() -> str:
-    """Return ``hostname/boot-id``: equal for two processes exactly when they share a kernel."""
+    """Return this process's host identity: ``COLLS_HOST_ID``, else ``hostname/boot-id``.
+
+    The default is equal for two processes exactly when they share a kernel. The variable
+    overrides it for containers that share a kernel but no /dev/shm, and for emulated hosts.
+    """
+    override = str(env.get("COLLS_HOST_ID"))
+    if override:
+        return override
     boot = ""
     with contextlib.suppress(OSError):
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -116,6 +135,14 @@ def _wake_socket() -> tuple[socket.socket | None, str]:
     return sock, name
 
 
+@dataclass(frozen=True)
+class HostSetup:
+    """What :func:`setup` found: the group's host map and this host's shared memory (or None)."""
+
+    hosts: HostMap
+    shm: ShmGroup | None
+
+
 def setup(
     store: Store,
     rank: int,
@@ -123,39 +150,82 @@ def setup(
     timeout: float,
     peer_error: Callable[[int], BaseException | None],
     group: str,
-) -> ShmGroup | None:
-    """Build the group's shared memory if every rank is on this host and willing; else None.
+) -> HostSetup:
+    """Agree on the group's host map and build shared memory among this host's ranks.
 
-    Every rank calls this at backend creation (even with ``COLLS_SHM=0``, so that the others
-    learn it) and every rank gets the same answer.
+    Every rank calls this at backend creation (even with ``COLLS_SHM=0``, so that its host
+    peers learn it). Every rank gets the same host map; the ranks of one host get the same
+    answer about shared memory (a :class:`ShmGroup` over the host's ranks, numbered ``0..L-1``
+    in group-rank order, or None).
 
     Raises:
         CollsTimeoutError: some ranks did not take part within ``timeout``.
     """
     if world_size < 2:
-        return None
+        return HostSetup(HostMap.single(world_size), None)
     deadline = time.monotonic() + timeout
+    hosts = exchange_hosts(store, rank, world_size, deadline, group)
+    local = hosts.hosts[hosts.host_of(rank)]
+    if len(local) < 2:
+        return HostSetup(hosts, None)
     reason = shm_supported()
     seg: Segment | None = None
     if reason is None:
         try:
-            seg = Segment.create(slot_bytes_for(world_size), secrets.randbits(62))
+            seg = Segment.create(slot_bytes_for(len(local)), secrets.randbits(62))
         except OSError as exc:
             reason = f"cannot create a segment: {exc}"
     try:
-        return _agree(store, rank, world_size, timeout, deadline, peer_error, group, seg, reason)
+        shm = _agree(store, rank, local, timeout, deadline, peer_error, group, seg, reason)
     except BaseException:
         if seg is not None:
             seg.close()
         raise
+    return HostSetup(hosts, shm)
+
+
+def exchange_hosts(
+    store: Store, rank: int, world_size: int, deadline: float, group: str
+) -> HostMap:
+    """Publish this rank's host identity and return the group's host map (same on every rank).
+
+    Rank 0 reads every identity and publishes the map; the others read the map once. The
+    identities are deleted once read, and the map by its last reader, so a later group of the
+    same name on the same store never reads this group's keys.
+
+    Raises:
+        CollsTimeoutError: some ranks did not publish in time (rank 0 names them).
+    """
+    store.set(HOST_KEY.format(rank=rank), host_identity().encode())
+    if rank == 0:
+        identities = _read_keys(store, HOST_KEY, range(world_size), deadline, rank, group,
+                                "host identity")
+        for r in range(world_size):
+            with contextlib.suppress(Exception):
+                store.delete_key(HOST_KEY.format(rank=r))
+        hosts = HostMap.from_identities([v.decode(errors="replace") for v in identities])
+        store.set(HOSTMAP_KEY, hosts.encode())
+    else:
+        (encoded,) = _read_keys(store, HOSTMAP_KEY, [0], deadline, rank, group, "host map")
+        hosts = HostMap.decode(encoded)
+        if hosts.world_size != world_size:
+            raise ValueError(
+                f"tcp: rank {rank} of group {group!r}: the host map in the store has "
+                f"{hosts.world_size} ranks, expected {world_size}"
+            )
+    if store.add(HOSTMAP_READS_KEY, 1) == world_size:
+        for key in (HOSTMAP_KEY, HOSTMAP_READS_KEY):
+            with contextlib.suppress(Exception):
+                store.delete_key(key)
+    return hosts
 
 
 def _agree(
-    store: Store, rank: int, world_size: int, timeout: float, deadline: float,
+    store: Store, rank: int, local: tuple[int, ...], timeout: float, deadline: float,
     peer_error: Callable[[int], BaseException | None], group: str, seg: Segment | None,
     reason: str | None,
 ) -> ShmGroup | None:
-    """Publish, map, agree (see :func:`setup`); ``seg`` is this rank's segment or None."""
+    """Publish, map, agree among the host's ranks ``local`` (see :func:`setup`)."""
     wake_sock, wake = _wake_socket() if seg is not None else (None, "")
     try:
         if seg is not None:
@@ -164,27 +234,29 @@ def _agree(
             store.set(INFO_KEY.format(rank=rank), info.encode())
         else:
             store.set(INFO_KEY.format(rank=rank), _OFF)
-        infos = _read_all(store, INFO_KEY, world_size, deadline, rank, group)
+        infos = _read_keys(store, INFO_KEY, local, deadline, rank, group, "shared-memory setup")
         # The answers are named after what every rank read, so no answer of an earlier group of
         # the same name (same store) can be taken for one of this group.
         ready_key = READY_KEY.format(nonce=zlib.crc32(b"|".join(infos)), rank="{rank}")
         peers = [PeerInfo.decode(v) for v in infos]
-        segments, why = _map_peers(rank, seg, peers)
+        me = local.index(rank)
+        segments, why = _map_peers(me, local, seg, peers)
         store.set(ready_key.format(rank=rank), b"1" if segments is not None else b"0")
-        ready = _read_all(store, ready_key, world_size, deadline, rank, group)
+        ready = _read_keys(store, ready_key, local, deadline, rank, group,
+                           "shared-memory setup")
     except BaseException:
         if wake_sock is not None:
             wake_sock.close()
         raise
-    # Every rank has read every address (it answered), so none will read ours again.
+    # Every host peer has read every address (it answered), so none will read ours again.
     with contextlib.suppress(Exception):
         store.delete_key(INFO_KEY.format(rank=rank))
     if seg is not None:
-        seg.close_fd()  # every rank has mapped it (or given up): the fd is not needed any more
+        seg.close_fd()  # every peer has mapped it (or given up): the fd is not needed any more
     if segments is None or any(v != b"1" for v in ready):
-        why = why or reason or "another rank could not map the segments"
-        logger.info("tcp: rank %d of group %r uses TCP only (no shared memory: %s)",
-                    rank, group, why)
+        why = why or reason or "another rank of this host could not map the segments"
+        logger.info("tcp: rank %d of group %r meets its host peers %s over TCP "
+                    "(no shared memory: %s)", rank, group, list(local), why)
         for s in segments or ([seg] if seg is not None else []):
             s.close()
         if wake_sock is not None:
@@ -193,43 +265,55 @@ def _agree(
     slot = min(p.slot_bytes for p in peers if p is not None)
     addrs = [b"\0" + p.wake.encode() if p is not None and p.wake else None for p in peers]
     same_process = any(p is not None and p.pid == os.getpid() for i, p in enumerate(peers)
-                       if i != rank)
-    return ShmGroup(rank, segments, slot, wake_sock, addrs, same_process, timeout, peer_error)
+                       if i != me)
+    return ShmGroup(me, segments, slot, wake_sock, addrs, same_process, timeout,
+                    _local_errors(local, peer_error))
 
 
-def _read_all(
-    store: Store, key: str, world_size: int, deadline: float, rank: int, group: str
+def _local_errors(
+    local: tuple[int, ...], peer_error: Callable[[int], BaseException | None]
+) -> Callable[[int], BaseException | None]:
+    """Translate a host peer's local index into its group rank for ``peer_error``."""
+    if local == tuple(range(len(local))):
+        return peer_error
+    return lambda index: peer_error(local[index])
+
+
+def _read_keys(
+    store: Store, key: str, ranks: object, deadline: float, rank: int, group: str, what: str
 ) -> list[bytes]:
-    keys = [key.format(rank=r) for r in range(world_size)]
+    """Wait for ``key`` of every rank in ``ranks`` and return the values in that order."""
+    ranks = list(ranks)  # type: ignore[call-overload]
+    keys = [key.format(rank=r) for r in ranks]
     try:
         store.wait(keys, max(deadline - time.monotonic(), 0.001))
     except StoreTimeoutError:
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
         raise CollsTimeoutError(
             f"tcp: rank {rank} of group {group!r}: ranks {missing} did not publish their "
-            "shared-memory setup in time"
+            f"{what} in time"
         ) from None
     return [store.get(k) for k in keys]
 
 
 def _map_peers(
-    rank: int, own: Segment | None, peers: list[PeerInfo | None]
+    me: int, local: tuple[int, ...], own: Segment | None, peers: list[PeerInfo | None]
 ) -> tuple[list[Segment] | None, str]:
-    """Map every peer's segment; return (segments by rank, "") or (None, why not)."""
+    """Map every host peer's segment; return (segments by local index, "") or (None, why)."""
     if own is None:
         return None, ""
-    mine = peers[rank]
+    mine = peers[me]
     assert mine is not None
-    for r, p in enumerate(peers):
+    for index, p in enumerate(peers):
         if p is None:
-            return None, f"rank {r} does not offer shared memory"
+            return None, f"rank {local[index]} does not offer shared memory"
         if p.host != mine.host:
-            return None, f"rank {r} is on another host ({p.host.split('/')[0]})"
+            return None, f"rank {local[index]} is on another host ({p.host.split('/')[0]})"
     segments: list[Segment] = []
     try:
-        for r, p in enumerate(peers):
+        for index, p in enumerate(peers):
             assert p is not None
-            if r == rank:
+            if index == me:
                 segments.append(own)
             else:
                 segments.append(Segment.open_peer(p.pid, p.fd, p.slot_bytes, p.token))

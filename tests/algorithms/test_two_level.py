@@ -1,0 +1,172 @@
+"""colls.algorithms.hierarchical: every two-level shape against NumPy, on even and uneven hosts.
+
+The local level here is point-to-point (P2PLevel) on the strict threaded transport, so each shape
+is checked for data movement and message matching; tests/multihost runs them over shared memory
+and sockets across network namespaces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from alg_data import TAG, equal, make, reference, run, spec
+
+from colls.algorithms import hierarchical
+from colls.algorithms.hosts import HostMap
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Host maps: even (2x2, 3x2, interleaved ranks) and uneven (3+1, 1+3, 2+1+2).
+EVEN = [((0, 1), (2, 3)), ((0, 1), (2, 3), (4, 5)), ((0, 2), (1, 3))]
+UNEVEN = [((0, 1, 2), (3,)), ((0,), (1, 2, 3)), ((0, 1), (2,), (3, 4))]
+COUNTS = (1, 7, 40)  # 1 < L (empty slices), odd (padding), many 16-byte segments
+
+
+def _topology(comm, hosts: HostMap) -> hierarchical.Topology:
+    local = hosts.hosts[hosts.host_of(comm.rank)]
+    level = hierarchical.P2PLevel(hierarchical.SubComm(comm, local))
+    return hierarchical.Topology(comm, hosts, level)
+
+
+def _shapes(collective: str, layout) -> list[str]:
+    hosts = HostMap(layout)
+    shapes = ["leader"]
+    if hosts.uniform and collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        shapes.append("two_level")
+    return shapes
+
+
+def _cases(collective: str):
+    return [
+        (layout, shape)
+        for layout in EVEN + UNEVEN
+        for shape in _shapes(collective, layout)
+    ]
+
+
+@pytest.mark.parametrize(("layout", "shape"), _cases("all_reduce"))
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize(("dtype", "op"), [("float32", "SUM"), ("int64", "MAX"),
+                                            ("bfloat16", "SUM"), ("bool", "BOR")])
+def test_all_reduce(layout, shape, count, dtype, op):
+    hosts = HostMap(layout)
+    n = hosts.world_size
+    inputs = [make(dtype, count, r) for r in range(n)]
+    reduce_spec = spec(op, dtype)
+    expected = reference(reduce_spec, [x.copy() for x in inputs])
+
+    def fn(comm):
+        array = inputs[comm.rank].copy()
+        hierarchical.run("all_reduce", shape, _topology(comm, hosts), array, reduce_spec, TAG)
+        return array
+
+    results = run(n, fn)
+    for rank, result in enumerate(results):
+        equal(result, expected, f"all_reduce {shape} {layout} count={count} rank {rank}")
+        assert result.tobytes() == results[0].tobytes(), "ranks disagree bitwise"
+
+
+@pytest.mark.parametrize(("layout", "shape"), _cases("broadcast"))
+def test_broadcast_from_every_root(layout, shape):
+    hosts = HostMap(layout)
+    n = hosts.world_size
+    inputs = [make("float64", 29, r, seed=3) for r in range(n)]
+    for root in range(n):
+
+        def fn(comm, root=root):
+            array = inputs[comm.rank].copy()
+            hierarchical.run("broadcast", shape, _topology(comm, hosts), array, root, TAG)
+            return array
+
+        for rank, result in enumerate(run(n, fn)):
+            equal(result, inputs[root], f"broadcast {layout} root={root} rank {rank}")
+
+
+@pytest.mark.parametrize(("layout", "shape"), _cases("reduce"))
+def test_reduce_to_every_root_leaves_the_others_unchanged(layout, shape):
+    hosts = HostMap(layout)
+    n = hosts.world_size
+    inputs = [make("int32", 23, r, seed=4) for r in range(n)]
+    reduce_spec = spec("SUM", "int32")
+    expected = reference(reduce_spec, [x.copy() for x in inputs])
+    for root in range(n):
+
+        def fn(comm, root=root):
+            array = inputs[comm.rank].copy()
+            hierarchical.run("reduce", shape, _topology(comm, hosts), array, root,
+                             reduce_spec, TAG)
+            return array
+
+        for rank, result in enumerate(run(n, fn)):
+            want = expected if rank == root else inputs[rank]
+            equal(result, want, f"reduce {layout} root={root} rank {rank}")
+
+
+@pytest.mark.parametrize(("layout", "shape"), _cases("all_gather"))
+@pytest.mark.parametrize("count", (1, 9))
+def test_all_gather(layout, shape, count):
+    hosts = HostMap(layout)
+    n = hosts.world_size
+    inputs = [make("uint8", count, r, seed=5) for r in range(n)]
+
+    def fn(comm):
+        output = np.zeros(n * count, dtype=np.uint8)
+        source = inputs[comm.rank].copy()
+        hierarchical.run("all_gather", shape, _topology(comm, hosts), output, source, TAG)
+        equal(source, inputs[comm.rank], "all_gather changed its input")
+        return output
+
+    for rank, result in enumerate(run(n, fn)):
+        equal(result, np.concatenate(inputs), f"all_gather {shape} {layout} rank {rank}")
+
+
+@pytest.mark.parametrize(("layout", "shape"), _cases("reduce_scatter"))
+@pytest.mark.parametrize("count", (1, 9))
+def test_reduce_scatter(layout, shape, count):
+    hosts = HostMap(layout)
+    n = hosts.world_size
+    inputs = [make("float32", n * count, r, seed=6) for r in range(n)]
+    reduce_spec = spec("SUM", "float32")
+    total = reference(reduce_spec, [x.copy() for x in inputs])
+
+    def fn(comm):
+        output = np.zeros(count, dtype=np.float32)
+        source = inputs[comm.rank].copy()
+        hierarchical.run("reduce_scatter", shape, _topology(comm, hosts), output, source,
+                         reduce_spec, TAG)
+        equal(source, inputs[comm.rank], "reduce_scatter changed its input")
+        return output
+
+    for rank, result in enumerate(run(n, fn)):
+        equal(result, total[rank * count : (rank + 1) * count],
+              f"reduce_scatter {shape} {layout} rank {rank}")
+
+
+@pytest.mark.parametrize("layout", EVEN + UNEVEN)
+def test_barrier_waits_for_every_host(layout):
+    hosts = HostMap(layout)
+    n = hosts.world_size
+    entered: list[int] = []
+
+    def fn(comm):
+        if comm.rank == n - 1:
+            import time
+
+            time.sleep(0.2)  # the last rank arrives late: nobody may leave before it enters
+        entered.append(comm.rank)
+        hierarchical.run("barrier", "leader", _topology(comm, hosts), TAG)
+        return len(entered)
+
+    assert run(n, fn) == [n] * n
+
+
+def test_sub_comm_refuses_a_rank_outside_it_and_any_source():
+    class Comm:
+        rank, world_size, timeout = 2, 4, 1.0
+
+    with pytest.raises(ValueError, match=r"rank 2 is not in the sub-group \(0, 1\)"):
+        hierarchical.SubComm(Comm(), (0, 1))
+    sub = hierarchical.SubComm(Comm(), (1, 2))
+    assert (sub.rank, sub.world_size) == (1, 2)
+    with pytest.raises(ValueError, match="receives must name their source"):
+        sub.irecv(np.zeros(1), None, TAG)
