@@ -1,7 +1,8 @@
 """A host that vanishes without a reset fails the group within the keepalive bound, not the timeout.
 
-Two ranks run in two network namespaces joined by a veth pair (an emulated two-host job: rank 0
-hosts the TCPStore at 10.78.x.1, rank 1 is at 10.78.x.2). Once both run all_reduce in a loop,
+Two ranks run in two network namespaces on a bridge (an emulated two-host job,
+:mod:`colls.testing.netns`: rank 0 hosts the TCPStore at the first address, rank 1 is at the
+second). Once both run all_reduce in a loop,
 the test takes rank 1's end of the link down: from then on nothing reaches rank 1 and nothing
 comes back, not even a reset, as when a host loses power. Rank 0 must raise an error naming rank
 1 within BOUND_S, with a group timeout far longer than that (without keepalive it waits the
@@ -17,15 +18,16 @@ import json
 import os
 import queue
 import secrets
-import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
+
+from colls.testing import netns
+from colls.testing.netns import EmulatedHosts
 
 #: The error must come this soon after the link goes down (keepalive defaults: about 15 s).
 BOUND_S = 30.0
@@ -40,49 +42,14 @@ SETUP_S = 90.0
 COUNT = 1 << 20
 
 
-@dataclass(frozen=True)
-class Hosts:
-    """Two namespaces ``names`` with addresses ``addresses``, joined by veths ``links``."""
-
-    names: tuple[str, str]
-    addresses: tuple[str, str]
-    links: tuple[str, str]
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture
-def two_hosts() -> Iterator[Hosts]:
-    """Make two namespaces joined by a veth (10.78.x.1 and .2), and always delete them."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces")
-    if shutil.which("ip") is None:
-        pytest.skip("needs iproute2 (the ip command)")
-    tag = f"cvh{os.getpid() % 100000}"
-    subnet = f"10.78.{os.getpid() % 250 + 1}"
-    hosts = Hosts((f"{tag}a", f"{tag}b"), (f"{subnet}.1", f"{subnet}.2"), (f"{tag}a", f"{tag}b"))
-    created: list[str] = []
-    try:
-        for name in hosts.names:
-            try:
-                _ip("netns", "add", name)
-            except subprocess.CalledProcessError as exc:
-                if not created:
-                    pytest.skip(f"cannot create a network namespace: {exc.stderr.strip()}")
-                raise
-            created.append(name)
-            _ip("-n", name, "link", "set", "lo", "up")
-        _ip("-n", hosts.names[0], "link", "add", hosts.links[0], "type", "veth",
-            "peer", "name", hosts.links[1], "netns", hosts.names[1])
-        for name, link, address in zip(hosts.names, hosts.links, hosts.addresses, strict=True):
-            _ip("-n", name, "addr", "add", f"{address}/24", "dev", link)
-            _ip("-n", name, "link", "set", link, "up")
+def two_hosts() -> Iterator[EmulatedHosts]:
+    """Two emulated hosts on a bridge (colls.testing.netns), always deleted afterwards."""
+    lack = netns.missing()
+    if lack:
+        pytest.skip(lack)
+    with netns.emulated_hosts(2) as hosts:
         yield hosts
-    finally:
-        for name in created:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
 
 class _Rank:
@@ -127,7 +94,9 @@ class _Rank:
         self.proc.wait(timeout=30)
 
 
-def test_a_vanished_host_fails_the_group_within_the_keepalive_bound(two_hosts: Hosts) -> None:
+def test_a_vanished_host_fails_the_group_within_the_keepalive_bound(
+    two_hosts: EmulatedHosts,
+) -> None:
     token = secrets.token_hex(16)
     store_host = two_hosts.addresses[0]
     ranks: list[_Rank] = []
@@ -139,7 +108,7 @@ def test_a_vanished_host_fails_the_group_within_the_keepalive_bound(two_hosts: H
         for rank in ranks:
             rank.expect("ready", SETUP_S)
         time.sleep(1.0)  # let the loop run, so the link goes down mid-collective
-        _ip("-n", two_hosts.names[1], "link", "set", two_hosts.links[1], "down")
+        two_hosts.link_down(1)
         down = time.monotonic()
         report = json.loads(ranks[0].expect("{", BOUND_S))
         elapsed = time.monotonic() - down
