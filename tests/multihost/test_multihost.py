@@ -11,6 +11,8 @@ result against NumPy (mh_worker.py) or against plain torch (the DDP worker):
 * three ranks on one host and one on the other: colls-run gives every node the same
   ``--nproc-per-node`` (WORLD_SIZE is nnodes x nproc-per-node), so these ranks get the
   torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) directly;
+  so do 2+2 ranks of which one has ``COLLS_SHM=0``: its host meets over TCP, the other host
+  keeps its shared memory;
 * mpiexec (hydra) on host 0 with a launcher that starts one proxy in each host's namespace, so
   each host is a node to MPICH (shared memory inside, UCX's TCP between): the mpi backend;
 * torchrun on each host, DDP over torch.distributed's "colls" backend, gradients compared with
@@ -137,17 +139,23 @@ def test_colls_run_two_ranks_per_host_runs_the_two_level_collectives(hosts, tmp_
     assert hosts.traffic(1) - before > 100_000
 
 
-def test_three_ranks_on_one_host_and_one_on_the_other(hosts, tmp_path):
+def _direct(hosts: EmulatedHosts, layout: list[int], out: Path,
+            extra: dict[int, dict[str, str]] | None = None) -> list[dict]:
+    """Start rank r on host ``layout[r]`` with the torchrun-style environment; return reports."""
     port = str(next(_ports))
-    layout = [0, 0, 0, 1]  # host of each rank
     procs = []
     for rank, host in enumerate(layout):
-        env = _env(hosts, host, RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank % 3),
-                   MASTER_ADDR=hosts.addresses[0], MASTER_PORT=port)
-        procs.append(_start([sys.executable, str(WORKER), str(tmp_path), "tcp", CHECKS],
-                            env, hosts, host, tmp_path))
-    _wait(procs, "3+1 ranks")
-    reports = _reports(tmp_path, 4)
+        env = _env(hosts, host, RANK=str(rank), WORLD_SIZE=str(len(layout)),
+                   LOCAL_RANK=str(layout[:rank].count(host)), MASTER_ADDR=hosts.addresses[0],
+                   MASTER_PORT=port, **(extra or {}).get(rank, {}))
+        procs.append(_start([sys.executable, str(WORKER), str(out), "tcp", CHECKS],
+                            env, hosts, host, out))
+    _wait(procs, f"ranks on hosts {layout}")
+    return _reports(out, len(layout))
+
+
+def test_three_ranks_on_one_host_and_one_on_the_other(hosts, tmp_path):
+    reports = _direct(hosts, [0, 0, 0, 1], tmp_path)
     for report in reports:
         assert report["hosts"] == [[0, 1, 2], [3]]
         shapes = set(report["shapes"])
@@ -155,6 +163,14 @@ def test_three_ranks_on_one_host_and_one_on_the_other(hosts, tmp_path):
                 "broadcast:leader", "reduce:leader", "barrier:leader"} <= shapes, shapes
         assert not any(s.endswith(":two_level") for s in shapes), "uneven hosts: leader shapes"
     assert [r["uses_shm"] for r in reports] == [True, True, True, False]
+
+
+def test_a_host_without_shared_memory_meets_over_tcp_while_the_other_keeps_it(hosts, tmp_path):
+    reports = _direct(hosts, [0, 0, 1, 1], tmp_path, extra={3: {"COLLS_SHM": "0"}})
+    assert [r["uses_shm"] for r in reports] == [True, True, False, False]
+    for report in reports:
+        assert report["hosts"] == [[0, 1], [2, 3]]
+        assert {"all_reduce:two_level", "all_gather:two_level"} <= set(report["shapes"])
 
 
 def test_mpiexec_runs_the_mpi_backend_across_hosts(hosts, tmp_path):
