@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from colls.algorithms import hierarchical, select
 from colls.algorithms.hosts import HostMap
 from colls.backend import Backend, every_rank_has_a_core
+from colls.staging import stage_cuda
 from colls_plugins.tcp import shm_collectives
 from colls_plugins.tcp._frames import HOLD_TAG, MAX_TAG
 from colls_plugins.tcp._scratch import ScratchArena
@@ -49,6 +50,7 @@ def _check_count(name: str, value: object, low: int, high: int, op: str) -> int:
     return int(value)
 
 
+@stage_cuda  # CUDA arrays through pinned host buffers (colls.staging)
 class TcpBackend(Backend):
     """Point-to-point over one TCP connection per pair of ranks, progressed by one thread.
 
