@@ -67,10 +67,8 @@ class MpiFace(peers.Mpi):
         self.value = np.zeros(1)
 
     def halo_exchange(self, p: np.ndarray) -> None:
-        requests = []
-        for peer, send, recv in self.neighbours:
-            requests.append(self.c.Isend(p[send], dest=peer))
-            requests.append(self.c.Irecv(p[recv], source=peer))
+        requests = [self.c.Irecv(p[recv], source=peer) for peer, _, recv in self.neighbours]
+        requests += [self.c.Isend(p[send], dest=peer) for peer, send, _ in self.neighbours]
         self.M.Request.Waitall(requests)
 
     def allsum(self, value: float) -> float:
@@ -88,10 +86,9 @@ class GlooFace(peers.Gloo):
         self.value = self.t.zeros(1, dtype=self.t.float64)
 
     def halo_exchange(self, p: np.ndarray) -> None:
-        ops = []
-        for peer, send, recv in self.neighbours:
-            ops.append(self.d.P2POp(self.d.isend, self.t.from_numpy(p[send]), peer))
-            ops.append(self.d.P2POp(self.d.irecv, self.t.from_numpy(p[recv]), peer))
+        d, view = self.d, self.t.from_numpy
+        ops = [d.P2POp(d.irecv, view(p[recv]), peer) for peer, _, recv in self.neighbours]
+        ops += [d.P2POp(d.isend, view(p[send]), peer) for peer, send, _ in self.neighbours]
         for work in self.d.batch_isend_irecv(ops):
             work.wait()
 

@@ -104,10 +104,9 @@ class CollsComm:
         self.value = np.zeros(1)
 
     def halo_exchange(self, p: np.ndarray) -> None:
-        ops = []
-        for peer, send, recv in self.neighbours:
-            ops.append(colls.P2POp(colls.isend, p[send], peer))
-            ops.append(colls.P2POp(colls.irecv, p[recv], peer))
+        # Receives first, so that a row can land straight in its place when it arrives.
+        ops = [colls.P2POp(colls.irecv, p[recv], peer) for peer, _, recv in self.neighbours]
+        ops += [colls.P2POp(colls.isend, p[send], peer) for peer, send, _ in self.neighbours]
         for work in colls.batch_isend_irecv(ops):
             work.wait()
 
