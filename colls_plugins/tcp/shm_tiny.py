@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 
 WHAT = "all_reduce (shm, tiny)"
 
-#: (op name, dtype) pairs folded in Python: True adds, False multiplies. Floats only where
-#: Python's float64 arithmetic rounded to the dtype is the dtype's own IEEE arithmetic.
-FOLDS: dict[tuple[str, dtypes.DType], bool] = {
-    (name, dtype): name != "PRODUCT"
+#: (op name, dtype) pairs folded in Python, to (adds, exact): ``adds`` False multiplies; ``exact``
+#: means Python's arithmetic on the values is the dtype's own until the final store (float64
+#: rounds each step as NumPy does; integers are exact and a result in range equals NumPy's
+#: wrapped one), so intermediate values need no store. float32 rounds through the store at
+#: every step.
+FOLDS: dict[tuple[str, dtypes.DType], tuple[bool, bool]] = {
+    (name, dtype): (name != "PRODUCT", dtype is not dtypes.FLOAT32)
     for name in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT")
     for dtype in (dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32, dtypes.INT64)
 }
@@ -45,8 +48,8 @@ def fits(array: Any) -> bool:
 def all_reduce(g: ShmGroup, array: Any, op: ReduceSpec, tag: int) -> None:
     """Reduce ``array`` (at most :data:`TINY_BYTES`, not empty) across the group in place."""
     line = g.claim_tiny(tag)
-    adds = FOLDS.get((op.name, op.dtype))
-    if adds is None:
+    fold = FOLDS.get((op.name, op.dtype))
+    if fold is None:
         _exchange_numpy(g, array, op, line)
         return
     out = memoryview(array)
@@ -57,21 +60,25 @@ def all_reduce(g: ShmGroup, array: Any, op: ReduceSpec, tag: int) -> None:
     g.wait_all(g.phase, WHAT)
     g.check_tiny(line, WHAT)
     try:
-        _fold(out, payloads, count, adds)
+        _fold(out, payloads, count, *fold)
     except ValueError:  # an integer out of range: NumPy's kernel wraps it
         _combine(g, array, op, line)
 
 
-def _fold(out: memoryview, payloads: list[memoryview], count: int, adds: bool) -> None:
+def _fold(out: memoryview, payloads: list[memoryview], count: int, adds: bool, exact: bool
+          ) -> None:
     """Set ``out`` to the rank-order sum (or product) of ``payloads[r][:count]``."""
-    out[:] = payloads[0][:count]
-    for payload in payloads[1:]:
-        if adds:
-            for i in range(count):
-                out[i] = out[i] + payload[i]
+    first, rest = payloads[0], payloads[1:]
+    for i in range(count):
+        acc = first[i]
+        if exact:
+            for payload in rest:
+                acc = acc + payload[i] if adds else acc * payload[i]
         else:
-            for i in range(count):
-                out[i] = out[i] * payload[i]
+            for payload in rest:  # the store rounds to the dtype after every step
+                out[i] = acc + payload[i] if adds else acc * payload[i]
+                acc = out[i]
+        out[i] = acc
 
 
 def _exchange_numpy(g: ShmGroup, array: Any, op: ReduceSpec, line: int) -> None:

@@ -71,6 +71,11 @@ def test_integer_overflow_wraps_as_in_numpy(group, dtype):
     assert expected[0] == np.array(top, dtype.numpy) + np.array(1, dtype.numpy) + top  # wrapped
     for result in _reduce(group, f"wrap-{dtype.name}", inputs, ReduceOp.SUM, dtype):
         np.testing.assert_array_equal(result, expected)
+    # out of range only in between: the Python fold's exact sum is NumPy's wrapped one
+    inputs = [np.array([top], dtype.numpy), np.array([1], dtype.numpy),
+              np.array([-5], dtype.numpy)]
+    for result in _reduce(group, f"between-{dtype.name}", inputs, ReduceOp.SUM, dtype):
+        np.testing.assert_array_equal(result, [top - 4])
 
 
 @pytest.mark.timeout(60)
