@@ -15,8 +15,9 @@ the slowest rank's time per call, and each row reports the median over samples.
 
 Ops: all_reduce (float32 SUM, in place), broadcast (root 0), all_gather (``size`` bytes per
 rank into one flat output: ``all_gather_into_tensor`` vs ``Allgather``). Sizes are per rank,
-8 B to 64 MiB. Targets (issue 5): colls adds at most 10 % at >= 1 MiB and at most 15 us per
-call at 8 B.
+8 B to 64 MiB. Targets: colls adds at most 10 % at >= 1 MiB (issue 5) and at most 2 us per call
+at 8 B (issue 15). ``colls.all_reduce(buf)`` takes the core's fast path; ``--layers`` also shows
+the general path (``group=colls.group.WORLD``).
 """
 
 from __future__ import annotations
@@ -187,7 +188,9 @@ def breakdown() -> None:
         ("raw mpi4py Allreduce (blocking)", lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)),
         ("raw mpi4py Iallreduce + Test loop", nonblocking),
         ("MpiBackend.all_reduce (no core)", lambda: pg.backend.all_reduce(buf, spec, -1)),
-        ("colls.all_reduce (everything)", lambda: colls.all_reduce(buf)),
+        ("colls.all_reduce (everything: the fast path)", lambda: colls.all_reduce(buf)),
+        ("colls.all_reduce(group=WORLD) (the general path)",
+         lambda: colls.all_reduce(buf, group=colls.group.WORLD)),
         ("core: resolve_group", lambda: d.resolve_group(None)),
         ("core: import the array (as_buffer)",
          lambda: d.buffer(buf, arg="tensor", op="all_reduce", writable=True)),
@@ -241,13 +244,17 @@ def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callabl
                  lambda: _wait(comm.Ibcast(buf, root=0), SPIN_TESTS),
                  lambda: backend.broadcast(buf, 0, 0),
                  lambda: colls.broadcast(buf, src=0))
-    else:
-        recv = np.empty(count * comm.Get_size(), dtype=np.float32)
+    recv = np.empty(count * comm.Get_size(), dtype=np.float32)
+    if op == "all_gather":
         calls = (lambda: comm.Allgather(buf, recv),
                  lambda: _wait(comm.Iallgather(buf, recv), SPIN_TESTS),
                  lambda: backend.all_gather(recv, buf, 0),
                  lambda: colls.all_gather_into_tensor(recv, buf))
     blocking, nonblocking, backend_call, full = calls
+    general = {"all_reduce": lambda: colls.all_reduce(buf, group=colls.group.WORLD),
+               "broadcast": lambda: colls.broadcast(buf, src=0, group=colls.group.WORLD),
+               "all_gather": lambda: colls.all_gather_into_tensor(recv, buf,
+                                                                  group=colls.group.WORLD)}
     return {
         "raw blocking": blocking,
         "raw nonblocking + Test": nonblocking,
@@ -255,6 +262,7 @@ def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callabl
         "+ group executor": lambda: pg.run(backend_call, op=op, async_op=False),
         "+ submit (tag, health)": lambda: d.submit(pg, op, lambda tag: backend_call(),
                                                    async_op=False),
+        "general path (group=WORLD)": general[op],
         "colls call": full,
     }
 

@@ -10,17 +10,18 @@ Nothing else in colls translates ranks or validates user arguments.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from colls import buffers, fingerprint
+from colls import buffers, dtypes, fingerprint
 from colls.buffers import Buffer
-from colls.health import label
+from colls.health import GroupHealth, label
 from colls.process_group import ProcessGroup
-from colls.reduce_ops import ReduceSpec, resolve_op
+from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD
 from colls.work import Work, seconds
 
@@ -170,7 +171,10 @@ def check_device(pg: ProcessGroup, obj: Any, *, arg: str, op: str) -> None:
     Raises:
         TypeError: ``obj`` lives on a device missing from ``pg.backend.devices``.
     """
-    device = buffers.device_of(obj)
+    _check_served(pg, buffers.device_of(obj), obj, arg=arg, op=op)
+
+
+def _check_served(pg: ProcessGroup, device: str | None, obj: Any, *, arg: str, op: str) -> None:
     served = pg.backend.devices
     if device is None or device in served:
         return  # an unknown device is as_buffer's to refuse, with its own message
@@ -187,15 +191,24 @@ def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
     """Check the device of one array argument and import it (:func:`colls.buffers.as_buffer`).
 
     The device is checked against the group the current call resolved (:func:`resolve_group`).
-    A :class:`~colls.buffers.Buffer` passes through unchanged: colls' own layers (functional,
-    multigpu) hand over scratch buffers whose dtype (bfloat16) NumPy cannot express.
+    The object is classified once (:func:`colls.buffers.classify`), for the check and the
+    import. A :class:`~colls.buffers.Buffer` passes through unchanged: colls' own layers
+    (functional, multigpu) hand over scratch buffers whose dtype (bfloat16) NumPy cannot
+    express.
     """
-    pg = getattr(_call, "group", None)
-    if pg is not None and (type(obj) is not np.ndarray or "cpu" not in pg.backend.devices):
-        check_device(pg, obj, arg=arg, op=op)
-    buf = obj if isinstance(obj, Buffer) else buffers.as_buffer(
-        obj, writable=writable, arg=arg, op=op, rank=REGISTRY.world_rank
-    )
+    if isinstance(obj, Buffer):
+        pg = getattr(_call, "group", None)
+        if pg is not None:
+            _check_served(pg, obj.device, obj, arg=arg, op=op)
+        buf = obj
+    else:
+        kind = buffers.classify(obj)
+        pg = getattr(_call, "group", None)
+        if pg is not None:
+            _check_served(pg, buffers.kind_device(kind[0]), obj, arg=arg, op=op)
+        buf = buffers.as_buffer(
+            obj, writable=writable, arg=arg, op=op, rank=REGISTRY.world_rank, kind=kind
+        )
     if buf.device == "cuda":
         _call.cuda = True
     _record(op).saw_array(arg, buf.shape, buf.dtype.name)
@@ -345,26 +358,216 @@ def submit(
     tag = fingerprint.collective_tag(seq, record.signature())
     stream = _caller_stream()
 
+    if check_seq is None and stream is None:  # the usual case: the job itself, no wrapper
+        return pg.run(functools.partial(_guarded, health, op, seq, job, tag), op=op,
+                      async_op=async_op, timeout=timeout)
+
+    def checked_job(tag: int) -> Any:
+        if check_seq is not None:
+            check_tag = fingerprint.collective_tag(
+                check_seq, fingerprint.FINGERPRINT_RECORD.signature()
+            )
+            fingerprint.check_across_ranks(pg, record, seq, check_tag)
+        if stream is not None:
+            with stream:  # the caller's stream, current on whichever thread runs the job
+                return job(tag)
+        return job(tag)
+
     def run() -> Any:
-        if health.error is not None:  # a failure while this call was queued
-            health.check(op)
-        health.begin(op, seq)
-        try:
-            if check_seq is not None:
-                check_tag = fingerprint.collective_tag(
-                    check_seq, fingerprint.FINGERPRINT_RECORD.signature()
-                )
-                fingerprint.check_across_ranks(pg, record, seq, check_tag)
-            if stream is not None:
-                with stream:  # the caller's stream, current on whichever thread runs the job
-                    return job(tag)
-            return job(tag)
-        except BaseException as exc:
-            failure = health.job_failed(label(op, seq), exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        finally:
-            health.end()
+        return _guarded(health, op, seq, checked_job, tag)
 
     return pg.run(run, op=op, async_op=async_op, timeout=timeout)
+
+
+def _guarded(health: GroupHealth, op: str, seq: int, job: Callable[..., Any], *args: Any) -> Any:
+    """Run ``job(*args)`` as collective number ``seq`` of a group, under its health rules.
+
+    A group broken while the call was queued raises at once; a failure of the job breaks the
+    group (:meth:`GroupHealth.job_failed`) and raises what that returns. The one place both the
+    general path (:func:`submit`) and the fast path run a collective's job.
+    """
+    if health.error is not None:  # a failure while this call was queued
+        health.check(op)
+    health.begin(op, seq)
+    try:
+        return job(*args)
+    except BaseException as exc:
+        failure = health.job_failed(label(op, seq), exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+    finally:
+        health.end()
+
+
+# -- the fast path --------------------------------------------------------------------------------
+#
+# The common call of a latency-bound program (a solver's dot products, a training loop's loss):
+# a synchronous all_reduce of a C-contiguous, writable NumPy array with a built-in op on the
+# default group, or a synchronous barrier there. Everything about such a call except the array's
+# flags and the sequence number is the same from one call to the next, so the general path's
+# work (group resolution, device check, dtype lookup, op check, signature) is done once per
+# group, dtype, shape and op by that very general path, and kept as a plan. A call that is not
+# the common case, or whose plan the general path refused, takes the general path, which then
+# raises its own errors: the fast path never raises an argument error of its own.
+
+#: Plans one group keeps before it starts over (a program with endless shapes).
+MAX_PLANS = 1024
+
+
+class _Plan:
+    """What one kind of call runs: ``job(array, spec, tag)`` (``job(tag)`` for a barrier)."""
+
+    __slots__ = ("signature", "job", "spec", "flat")
+
+    def __init__(
+        self, signature: int, job: Callable[..., None], spec: ReduceSpec | None, flat: bool
+    ) -> None:
+        self.signature = signature  #: the tag's signature (colls.fingerprint)
+        self.job = job  #: the backend's bound method, or a wrapper adding the op's finish
+        self.spec = spec
+        self.flat = flat  #: whether the caller's array is 1-D already (no reshape needed)
+
+
+class _GroupPlans:
+    """A group's plans: all_reduce per op value, dtype and shape; its barrier."""
+
+    __slots__ = ("p2p", "usable", "all_reduce", "barrier", "count")
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        backend = pg.backend
+        # A backend without CPU arrays has NumPy arrays refused by the device check.
+        self.p2p = "cpu" in backend.devices
+        # COLLS_DEBUG=detail exchanges fingerprints first, and a backend with a check_reduction
+        # hook vets each op: collectives of such groups take the general path.
+        self.usable = (
+            self.p2p
+            and not pg.health.detail
+            and getattr(backend, "check_reduction", None) is None
+        )
+        self.all_reduce: list[dict[Any, dict[tuple[int, ...], _Plan]]] = [
+            {} for _ in RedOpType
+        ]
+        record = fingerprint.CallRecord("barrier")
+        self.barrier = _Plan(record.signature(), backend.barrier, None, True)
+        self.count = 0
+
+
+def _group_plans(pg: ProcessGroup) -> _GroupPlans:
+    plans = pg.plans = _GroupPlans(pg)
+    return plans
+
+
+def _all_reduce_plan(
+    pg: ProcessGroup, plans: _GroupPlans, tensor: np.ndarray, op: RedOpType
+) -> _Plan | None:
+    """Work out the plan of an all_reduce the general path accepts, or None if it refuses."""
+    dtype = dtypes.known_numpy(tensor.dtype)
+    if dtype is None:
+        return None
+    try:
+        spec = resolve_op(op, dtype, op_name="all_reduce", rank=REGISTRY.world_rank)
+    except (TypeError, ValueError):
+        return None  # the general path raises it, with its message
+    record = fingerprint.CallRecord(
+        "all_reduce", dtype=dtype.name, shape=tensor.shape, reduce_op=spec.name
+    )
+    if spec.kind is RedOpType.PREMUL_SUM:
+        return None  # needs a factor: a bare RedOpType never resolves to it
+    job = pg.backend.all_reduce
+    if spec.kind is RedOpType.AVG:
+        size, backend_all_reduce = pg.size, job
+
+        def job(array: np.ndarray, spec: ReduceSpec, tag: int) -> None:
+            backend_all_reduce(array, spec, tag)
+            spec.finish(array, size)
+
+    if plans.count >= MAX_PLANS:
+        for by_dtype in plans.all_reduce:
+            by_dtype.clear()
+        plans.count = 0
+    plan = _Plan(record.signature(), job, spec, tensor.ndim == 1)
+    plans.all_reduce[op._value_].setdefault(tensor.dtype, {})[tensor.shape] = plan
+    plans.count += 1
+    return plan
+
+
+def _run_all_reduce(pg: ProcessGroup, plan: _Plan, array: np.ndarray) -> None:
+    seq = pg.next_sequence()
+    _guarded(pg.health, "all_reduce", seq, plan.job, array, plan.spec,
+             fingerprint.collective_tag(seq, plan.signature))
+
+
+def fast_all_reduce(tensor: Any, op: Any) -> bool:
+    """Run ``all_reduce(tensor, op)`` on the default group now if it is the common case.
+
+    Returns False, having done nothing, when it is not: then the general path runs the call.
+    The caller has checked ``group is None`` and ``async_op`` false.
+    """
+    if type(tensor) is not np.ndarray or type(op) is not RedOpType:
+        return False
+    pg = REGISTRY.default
+    if pg is None:
+        return False
+    plans = pg.plans or _group_plans(pg)
+    if not plans.usable or pg.health.error is not None:
+        return False
+    try:
+        plan = plans.all_reduce[op._value_][tensor.dtype][tensor.shape]
+    except KeyError:
+        plan = _all_reduce_plan(pg, plans, tensor, op)
+        if plan is None:
+            return False
+    flags = tensor.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False  # staged or refused by the general path
+    return pg.try_run_inline(
+        _run_all_reduce, pg, plan, tensor if plan.flat else tensor.reshape(-1)
+    )
+
+
+def fast_barrier() -> bool:
+    """Run ``barrier()`` on the default group now if nothing is queued; False: not run."""
+    pg = REGISTRY.default
+    if pg is None:
+        return False
+    plans = pg.plans or _group_plans(pg)
+    if not plans.usable or pg.health.error is not None:
+        return False
+    return pg.try_run_inline(_run_barrier, pg, plans.barrier)
+
+
+def _run_barrier(pg: ProcessGroup, plan: _Plan) -> None:
+    seq = pg.next_sequence()
+    _guarded(pg.health, "barrier", seq, plan.job, fingerprint.collective_tag(seq, plan.signature))
+
+
+def fast_peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:
+    """Return the default group's ready array for a point-to-point call, or None.
+
+    The common case of ``isend``/``irecv`` (the caller has checked ``group`` and
+    ``group_dst``/``group_src`` are None): a C-contiguous NumPy array of a supported dtype
+    (writable for a receive), an int peer that is another member of the default group (None,
+    "any source", for a receive), an int tag >= 0, a usable group. In the default group a world
+    rank is the group rank. Returns ``(group, flat array)``; None sends the call down the general
+    path, which raises its own errors.
+    """
+    if type(tensor) is not np.ndarray or type(tag) is not int or tag < 0:
+        return None
+    pg = REGISTRY.default
+    if pg is None:
+        return None
+    if peer is None:
+        if not writable:
+            return None  # a send needs a destination: the general path says so
+    elif type(peer) is not int or not 0 <= peer < pg.size or peer == pg.rank:
+        return None
+    plans = pg.plans or _group_plans(pg)
+    if not plans.p2p or pg.health.error is not None:
+        return None
+    flags = tensor.flags
+    if not flags.c_contiguous or (writable and not flags.writeable):
+        return None
+    if dtypes.known_numpy(tensor.dtype) is None:
+        return None
+    return pg, tensor if tensor.ndim == 1 else tensor.reshape(-1)

@@ -30,8 +30,8 @@ class SerialExecutor:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def try_run_inline(self, job: Callable[[], Any]) -> bool:
-        """Run ``job`` on this thread if nothing is queued; return False (not run) otherwise.
+    def try_run_inline(self, job: Callable[..., Any], *args: Any) -> bool:
+        """Run ``job(*args)`` on this thread if nothing is queued; return False (not run) otherwise.
 
         The synchronous fast path: no Work or Future is made, and the job's exception
         propagates to the caller unchanged. One non-blocking lock acquisition decides: holding
@@ -45,7 +45,7 @@ class SerialExecutor:
                 return False
             if self._closed:
                 self._check_open()
-            job()
+            job(*args)
         finally:
             self._running.release()
         return True

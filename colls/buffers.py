@@ -4,14 +4,22 @@ Every collective starts by calling :func:`as_buffer` on its arguments. The resul
 :class:`Buffer`: a C-contiguous, 1-D NumPy view of the caller's memory (CuPy for CUDA memory), the
 colls dtype, the shape, and whether the view is a staging copy that must be written back.
 
-How an object is imported, in order:
+How an object is imported: :func:`classify` looks at it once and names its kind, then one
+function per kind imports it (:data:`_IMPORTERS`):
 
-1. ``numpy.ndarray``: used directly, no DLPack round trip (the hot path; a few microseconds).
-2. ``__dlpack__``: the device is asked first. CPU memory (also pinned CUDA host memory) is viewed
-   with ``np.from_dlpack``; when NumPy rejects the dtype (bfloat16) the ctypes consumer in
-   :mod:`colls._dlpack_ctypes` reads the capsule itself, still zero copy. CUDA memory is imported
-   with ``cupy.from_dlpack`` (CuPy is imported only then).
-3. The buffer protocol (bytearray, memoryview, array.array).
+* ``ndarray`` (a ``numpy.ndarray``, subclasses viewed as the base class): used directly, no
+  DLPack round trip (the hot path).
+* ``dlpack-cpu``: a ``__dlpack__`` producer whose memory is on the host (also pinned CUDA host
+  memory), viewed with ``np.from_dlpack``; when NumPy rejects the dtype (bfloat16) the ctypes
+  consumer in :mod:`colls._dlpack_ctypes` reads the capsule itself, still zero copy.
+* ``dlpack-cuda``: CUDA memory, imported with ``cupy.from_dlpack`` (CuPy is imported only then).
+* ``dlpack-other`` and ``dlpack-broken``: another DLPack device, or a producer whose
+  ``__dlpack_device__`` fails: refused with a TypeError naming the device or the failure.
+* ``buffer``: anything else, through the buffer protocol (bytearray, memoryview, array.array),
+  or a TypeError saying the object is neither.
+
+The kind also answers where the memory lives (:func:`device_of`), so the core's device check and
+the import ask a producer for its device once.
 
 In-place collectives pass ``writable=True``: a read-only array (a JAX array, a read-only NumPy
 view) is refused with a TypeError that points at ``colls.functional``. A non-contiguous array is
@@ -34,6 +42,7 @@ __all__ = [
     "Buffer",
     "as_buffer",
     "as_buffers",
+    "classify",
     "device_of",
     "empty_array",
     "empty_like_buffer",
@@ -176,7 +185,9 @@ def _announces_bf16(obj: Any) -> bool:
         return False
 
 
-def _import_cpu(obj: Any, writable: bool, arg: str, op: str, rank: int | None) -> Buffer:
+def _import_cpu(
+    obj: Any, _device_type: int, writable: bool, arg: str, op: str, rank: int | None
+) -> Buffer:
     if not _announces_bf16(obj):  # NumPy refuses bfloat16: do not make the producer export twice
         try:
             view = np.from_dlpack(obj)
@@ -193,7 +204,9 @@ def _import_cpu(obj: Any, writable: bool, arg: str, op: str, rank: int | None) -
     return _wrap(obj, imported.to_numpy(), imported.dtype, "cpu", writable, arg, op, rank)
 
 
-def _import_cuda(obj: Any, writable: bool, arg: str, op: str, rank: int | None) -> Buffer:
+def _import_cuda(
+    obj: Any, _device_type: int, writable: bool, arg: str, op: str, rank: int | None
+) -> Buffer:
     try:
         import cupy
     except ImportError:
@@ -242,9 +255,42 @@ def _cuda_view_via_ctypes(
     return view, imported.dtype, imported.readonly
 
 
-def _device_type(obj: Any) -> int:
+# The kinds :func:`classify` tells apart, each imported by one function of _IMPORTERS.
+NDARRAY: Final = "ndarray"
+DLPACK_CPU: Final = "dlpack-cpu"
+DLPACK_CUDA: Final = "dlpack-cuda"
+DLPACK_OTHER: Final = "dlpack-other"
+DLPACK_BROKEN: Final = "dlpack-broken"
+BUFFER_PROTOCOL: Final = "buffer"
+_KIND_DEVICES: Final = {
+    NDARRAY: "cpu", DLPACK_CPU: "cpu", DLPACK_CUDA: "cuda", BUFFER_PROTOCOL: "cpu",
+    DLPACK_OTHER: None, DLPACK_BROKEN: None,
+}  # fmt: skip
+
+
+def classify(obj: Any) -> tuple[str, Any]:
+    """Return ``(kind, detail)``: how :func:`as_buffer` imports ``obj``. Never raises.
+
+    ``detail`` is the DLPack device type for ``dlpack-*`` kinds (for ``dlpack-broken``, the
+    exception ``__dlpack_device__`` raised) and None otherwise. A producer is asked for its
+    device here and nowhere else.
+    """
+    if isinstance(obj, np.ndarray):
+        return NDARRAY, None
+    if not hasattr(obj, "__dlpack__"):
+        return BUFFER_PROTOCOL, None
     device = getattr(obj, "__dlpack_device__", None)
-    return int(device()[0]) if device is not None else dlc.KDL_CPU
+    if device is None:
+        return DLPACK_CPU, dlc.KDL_CPU  # a producer that does not say: host memory
+    try:
+        device_type = int(device()[0])
+    except Exception as exc:  # the producer's failure; as_buffer names it
+        return DLPACK_BROKEN, exc
+    if device_type in _CPU_DEVICES:
+        return DLPACK_CPU, device_type
+    if device_type in _CUDA_DEVICES:
+        return DLPACK_CUDA, device_type
+    return DLPACK_OTHER, device_type
 
 
 def device_of(obj: Any) -> str | None:
@@ -255,60 +301,48 @@ def device_of(obj: Any) -> str | None:
     DLPack device, or a producer whose ``__dlpack_device__`` fails): :func:`as_buffer` then
     raises its own error naming the device or the failure.
     """
-    if isinstance(obj, (np.ndarray, Buffer)):
-        return obj.device if isinstance(obj, Buffer) else "cpu"
-    if not hasattr(obj, "__dlpack__"):
-        return "cpu"  # the buffer protocol: host memory
-    try:
-        device_type = _device_type(obj)
-    except Exception:
-        return None
-    if device_type in _CPU_DEVICES:
-        return "cpu"
-    return "cuda" if device_type in _CUDA_DEVICES else None
+    if isinstance(obj, Buffer):
+        return obj.device
+    return kind_device(classify(obj)[0])
 
 
-def as_buffer(obj: Any, *, writable: bool, arg: str, op: str, rank: int | None = None) -> Buffer:
-    """Import a caller's array as a :class:`Buffer`, zero copy whenever possible.
+def kind_device(kind: str) -> str | None:
+    """Return the device ("cpu", "cuda") of objects of ``kind``; None for an unknown one."""
+    return _KIND_DEVICES[kind]
 
-    Args:
-        obj: Any object with ``__dlpack__`` or the buffer protocol.
-        writable: True for arguments a collective writes into (in-place ops, outputs).
-        arg: The argument's name, for errors ("tensor", "tensor_list[2]").
-        op: The collective's name, for errors ("all_reduce").
-        rank: The caller's rank, for errors (omitted from messages when None).
 
-    Returns:
-        The Buffer; if ``staged``, call ``write_back()`` after writing into ``array``.
+def _import_ndarray(
+    obj: Any, _detail: Any, writable: bool, arg: str, op: str, rank: int | None
+) -> Buffer:
+    view = obj if type(obj) is np.ndarray else obj.view(np.ndarray)  # subclasses: memmap, ...
+    dtype = dtypes.known_numpy(view.dtype)
+    if dtype is None:
+        return _from_ndarray(obj, view, writable, arg, op, rank)
+    flags = view.flags
+    if flags.c_contiguous and (flags.writeable or not writable):  # _wrap's common case
+        return Buffer(obj, view if view.ndim == 1 else view.reshape(-1), dtype, view.shape, "cpu")
+    return _wrap(obj, view, dtype, "cpu", writable, arg, op, rank)
 
-    Raises:
-        TypeError: unsupported object, device or dtype; read-only while ``writable``; a tensor
-            that requires grad; CUDA memory without CuPy.
-    """
-    if type(obj) is np.ndarray:  # the hot path
-        dtype = dtypes.known_numpy(obj.dtype)
-        if dtype is None:
-            return _from_ndarray(obj, obj, writable, arg, op, rank)
-        flags = obj.flags
-        if flags.c_contiguous and (flags.writeable or not writable):  # _wrap's common case
-            return Buffer(obj, obj if obj.ndim == 1 else obj.reshape(-1), dtype, obj.shape, "cpu")
-        return _wrap(obj, obj, dtype, "cpu", writable, arg, op, rank)
-    if isinstance(obj, np.ndarray):  # subclasses (memmap, ...)
-        return _from_ndarray(obj, obj.view(np.ndarray), writable, arg, op, rank)
-    if hasattr(obj, "__dlpack__"):
-        try:
-            device_type = _device_type(obj)
-        except Exception as exc:
-            raise _export_error(obj, exc, arg, op, rank) from exc
-        if device_type in _CPU_DEVICES:
-            return _import_cpu(obj, writable, arg, op, rank)
-        if device_type in _CUDA_DEVICES:
-            return _import_cuda(obj, writable, arg, op, rank)
-        name = _DEVICE_NAMES.get(device_type, "unknown")
-        raise TypeError(
-            f"{op}: argument '{arg}'{_on_rank(rank)} ({_type_name(obj)}) lives on DLPack device "
-            f"type {device_type} ({name}); colls handles CPU and CUDA memory only"
-        )
+
+def _import_other_device(
+    obj: Any, device_type: int, _writable: bool, arg: str, op: str, rank: int | None
+) -> Buffer:
+    name = _DEVICE_NAMES.get(device_type, "unknown")
+    raise TypeError(
+        f"{op}: argument '{arg}'{_on_rank(rank)} ({_type_name(obj)}) lives on DLPack device "
+        f"type {device_type} ({name}); colls handles CPU and CUDA memory only"
+    )
+
+
+def _import_broken(
+    obj: Any, exc: Exception, _writable: bool, arg: str, op: str, rank: int | None
+) -> Buffer:
+    raise _export_error(obj, exc, arg, op, rank) from exc
+
+
+def _import_buffer_protocol(
+    obj: Any, _detail: Any, writable: bool, arg: str, op: str, rank: int | None
+) -> Buffer:
     try:
         view = np.asarray(memoryview(obj))
     except (TypeError, ValueError, NotImplementedError) as exc:
@@ -317,6 +351,31 @@ def as_buffer(obj: Any, *, writable: bool, arg: str, op: str, rank: int | None =
             f"buffer protocol, got {_type_name(obj)} ({exc})"
         ) from None
     return _from_ndarray(obj, view, writable, arg, op, rank)
+
+
+def as_buffer(
+    obj: Any, *, writable: bool, arg: str, op: str, rank: int | None = None,
+    kind: tuple[str, Any] | None = None,
+) -> Buffer:  # fmt: skip
+    """Import a caller's array as a :class:`Buffer`, zero copy whenever possible.
+
+    Args:
+        obj: Any object with ``__dlpack__`` or the buffer protocol.
+        writable: True for arguments a collective writes into (in-place ops, outputs).
+        arg: The argument's name, for errors ("tensor", "tensor_list[2]").
+        op: The collective's name, for errors ("all_reduce").
+        rank: The caller's rank, for errors (omitted from messages when None).
+        kind: ``classify(obj)``, when the caller has it already (the core's device check).
+
+    Returns:
+        The Buffer; if ``staged``, call ``write_back()`` after writing into ``array``.
+
+    Raises:
+        TypeError: unsupported object, device or dtype; read-only while ``writable``; a tensor
+            that requires grad; CUDA memory without CuPy.
+    """
+    name, detail = classify(obj) if kind is None else kind
+    return _IMPORTERS[name](obj, detail, writable, arg, op, rank)
 
 
 def as_buffers(
@@ -336,6 +395,17 @@ def as_buffers(
         as_buffer(item, writable=writable, arg=f"{arg}[{i}]", op=op, rank=rank)
         for i, item in enumerate(objs)
     ]
+
+
+#: One importer per kind of :func:`classify`: ``importer(obj, detail, writable, arg, op, rank)``.
+_IMPORTERS: Final = {
+    NDARRAY: _import_ndarray,
+    DLPACK_CPU: _import_cpu,
+    DLPACK_CUDA: _import_cuda,
+    DLPACK_OTHER: _import_other_device,
+    DLPACK_BROKEN: _import_broken,
+    BUFFER_PROTOCOL: _import_buffer_protocol,
+}
 
 
 def apart_from(array: Any, other: Any) -> Any:

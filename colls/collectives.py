@@ -42,6 +42,8 @@ def _concat(bufs: list[Buffer]) -> np.ndarray:
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
                ) -> Work | None:
     """Reduce ``tensor`` across the group, in place; every rank gets the result."""
+    if group is None and not async_op and d.fast_all_reduce(tensor, op):
+        return None  # the common case, planned once (colls._dispatch, "the fast path")
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -312,6 +314,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     the group's timeout does. The two paths exchange different messages: every rank of one
     barrier must pass a timeout, or none.
     """
+    if group is None and not async_op and timeout is None and d.fast_barrier():
+        return None
     pg = d.resolve_group(group)
     if pg is None:
         return None

@@ -16,6 +16,10 @@ from colls.work import Work, chain
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to rank ``dst``; return a Work (None for non-members)."""
+    if group is None and group_dst is None:
+        ready = d.fast_peer(tensor, dst, tag, writable=False)
+        if ready is not None:  # the common case (colls._dispatch, "the fast path")
+            return ready[0].backend.isend(ready[1], dst, tag)
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -33,6 +37,10 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
 
     The Work's ``source_rank()`` is the sender's group rank, as in torch.
     """
+    if group is None and group_src is None:
+        ready = d.fast_peer(tensor, src, tag, writable=True)
+        if ready is not None:  # the common case (colls._dispatch, "the fast path")
+            return ready[0].backend.irecv(ready[1], src, tag)
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -58,12 +66,15 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
          group_src: int | None = None) -> int:
     """Receive into ``tensor``; return the sender's world rank (-1 for non-members)."""
-    pg = d.resolve_group(group)
-    if pg is None:
-        return -1
     work = irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
-    assert work is not None  # pg is not None, so irecv returned a Work
-    return pg.global_rank(work.source_rank())
+    if work is None:
+        return -1  # not a member of the group
+    sender = work.source_rank()
+    if group is None:
+        return sender  # in the default group a group rank is the world rank
+    pg = d.resolve_group(group)
+    assert pg is not None  # irecv returned a Work, so this process is a member
+    return pg.global_rank(sender)
 
 
 class P2POp:

@@ -1,0 +1,242 @@
+"""The fast path and the general path of the core give the same results, tags and errors.
+
+The fast path (``colls._dispatch``, "the fast path") serves a synchronous all_reduce of a
+contiguous, writable NumPy array with a built-in op on the default group, a synchronous barrier
+there, and send/recv of such arrays. Each test sends the same inputs through it and through the
+general path (the same call with ``group=colls.group.WORLD``, or the data behind a DLPack
+producer) and compares what reached the backend, the results and the error messages.
+
+The backend is an in-process stand-in for a world of two ranks whose peer passes the same data:
+its all_reduce combines the array with a copy of itself through colls' own reduction kernels,
+so results are checked against ``ReduceSpec.numpy_reference``; its point-to-point records what
+was sent and fills receives with known bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import colls
+from colls import _dispatch, fingerprint, plugin_manager
+from colls.backend import Backend, BackendSpec
+from colls.hookspecs import hookimpl
+from colls.reduce_ops import ReduceOp, resolve_op
+from colls.testing.arrays import CtypesDLPackArray
+from colls.work import Work
+
+MIRROR = "mirror-test"
+SIGNATURE_MASK = (1 << fingerprint.SIGNATURE_BITS) - 1
+#: What a receive of the mirror backend writes: recognisable bytes.
+RECEIVED_BYTE = 0x5A
+
+
+class MirrorBackend(Backend):
+    """Rank 0 of two whose peer contributes exactly what this rank does; records every call."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.calls: list[tuple[Any, ...]] = []
+
+    def isend(self, array: Any, dst: int, tag: int) -> Work:
+        self.calls.append(("isend", array.tobytes(), dst, tag))
+        return Work.completed(None)
+
+    def irecv(self, array: Any, src: int | None, tag: int) -> Work:
+        self.calls.append(("irecv", array.nbytes, src, tag))
+        array.view(np.uint8)[:] = RECEIVED_BYTE
+        return Work.completed(1)
+
+    def all_reduce(self, array: Any, op: Any, tag: int) -> None:
+        self.calls.append(("all_reduce", array.shape, op.name, tag))
+        op.combine(array, array.copy())
+
+    def barrier(self, tag: int) -> None:
+        self.calls.append(("barrier", tag))
+
+
+class MirrorPlugin:
+    @hookimpl
+    def colls_backends(self) -> list[BackendSpec]:
+        return [BackendSpec(name=MIRROR, devices=("cpu",), create=MirrorBackend)]
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """A default group of two over the mirror backend; counts general-path entries."""
+    plugin_manager.register_plugin(MirrorPlugin(), name=MIRROR)
+    colls.init_process_group(MIRROR, store=colls.HashStore(), rank=0, world_size=2)
+    general = []
+    resolve = _dispatch.resolve_group
+
+    def counting(group: Any) -> Any:
+        general.append(group)
+        return resolve(group)
+
+    monkeypatch.setattr(_dispatch, "resolve_group", counting)
+    try:
+        yield _dispatch.default_group().backend, general
+    finally:
+        colls.destroy_process_group()
+        plugin_manager.unregister_plugin(MIRROR)
+
+
+def _signature(tag: int) -> int:
+    return (-1 - tag) & SIGNATURE_MASK
+
+
+CASES = [
+    (np.float32, ReduceOp.SUM, (2,)),
+    (np.float64, ReduceOp.AVG, (3, 4)),
+    (np.int64, ReduceOp.MAX, ()),
+    (np.int32, ReduceOp.PRODUCT, (5,)),
+    (np.float16, ReduceOp.MIN, (2, 2)),
+    (np.bool_, ReduceOp.SUM, (3,)),
+    (np.uint8, ReduceOp.BXOR, (4,)),
+]
+
+
+@pytest.mark.parametrize(("np_dtype", "op", "shape"), CASES)
+def test_all_reduce_same_result_and_tag_on_both_paths(world, np_dtype, op, shape) -> None:
+    backend, general = world
+    data = (np.arange(int(np.prod(shape)), dtype=np.int64) % 7 - 2).astype(np_dtype)
+    data = data.reshape(shape)
+    spec = resolve_op(op, colls.dtypes.from_numpy(data.dtype), op_name="all_reduce")
+    expected = spec.numpy_reference([data.reshape(-1), data.reshape(-1)]).reshape(shape)
+
+    fast, by_group, by_dlpack = data.copy(), data.copy(), data.copy()
+    colls.all_reduce(fast, op)
+    assert general == []  # it took the fast path
+    colls.all_reduce(by_group, op, group=colls.group.WORLD)
+    colls.all_reduce(CtypesDLPackArray(by_dlpack), op)
+    assert len(general) == 2
+
+    for result in (fast, by_group, by_dlpack):
+        np.testing.assert_array_equal(result, expected)
+    calls = backend.calls
+    assert [c[:3] for c in calls] == [("all_reduce", (data.size,), spec.name)] * 3
+    assert len({_signature(c[3]) for c in calls}) == 1  # one signature on every path
+    sequences = [fingerprint.tag_sequence(c[3]) for c in calls]
+    assert sequences == [sequences[0], sequences[0] + 1, sequences[0] + 2]
+
+
+def _message(call: Any) -> tuple[type, str]:
+    with pytest.raises((TypeError, ValueError)) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def _read_only() -> np.ndarray:
+    array = np.ones(4, np.float32)
+    array.flags.writeable = False
+    return array
+
+
+@pytest.mark.parametrize(
+    ("make", "op", "expected"),
+    [
+        (_read_only, ReduceOp.SUM, "is read-only"),
+        (lambda: np.ones(4, np.float32), ReduceOp.BAND, "BAND is not defined for float32"),
+        (lambda: np.ones(4, np.int32), ReduceOp.AVG, "AVG is not defined for int32"),
+        (lambda: np.ones(4, np.float32), ReduceOp.PREMUL_SUM, "PREMUL_SUM needs a factor"),
+        (lambda: np.ones(4, ">f4"), ReduceOp.SUM, "non-native byte order"),
+        (lambda: np.ones(4, np.float32), "median", "unknown reduce op 'median'"),
+    ],
+)
+def test_all_reduce_same_errors_on_both_paths(world, make, op, expected) -> None:
+    backend, _general = world
+    fast = _message(lambda: colls.all_reduce(make(), op))
+    general = _message(lambda: colls.all_reduce(make(), op, group=colls.group.WORLD))
+    assert fast == general
+    assert expected in fast[1]
+    assert backend.calls == []  # refused before any byte moved
+
+
+def test_non_contiguous_array_is_staged_like_the_general_path(world) -> None:
+    backend, general = world
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    colls.all_reduce(base[:, 1])  # a strided column: the fast path passes it on
+    np.testing.assert_array_equal(base[:, 1], [2.0, 10.0, 18.0])
+    np.testing.assert_array_equal(base[:, 0], [0.0, 4.0, 8.0])  # untouched neighbours
+    assert len(general) == 1
+
+
+def test_barrier_signature_equal_on_both_paths(world) -> None:
+    backend, general = world
+    colls.barrier()
+    colls.barrier(group=colls.group.WORLD)
+    assert len(general) == 1
+    (_, fast_tag), (_, general_tag) = backend.calls
+    assert _signature(fast_tag) == _signature(general_tag)
+    assert fingerprint.tag_sequence(general_tag) == fingerprint.tag_sequence(fast_tag) + 1
+
+
+def test_send_and_recv_same_on_both_paths(world) -> None:
+    backend, general = world
+    data = np.arange(6, dtype=np.int16).reshape(2, 3)
+    colls.send(data, dst=1, tag=3)
+    colls.send(data, dst=1, tag=3, group=colls.group.WORLD)
+    into_fast, into_general = np.zeros(5, np.int32), np.zeros(5, np.int32)
+    assert colls.recv(into_fast, src=1, tag=4) == 1
+    assert colls.recv(into_general, src=1, tag=4, group=colls.group.WORLD) == 1
+    assert colls.recv(np.zeros(5, np.int32), tag=4) == 1  # any source
+    assert len(general) == 3  # the group=WORLD calls (recv resolves once more for the rank)
+    sends = [c for c in backend.calls if c[0] == "isend"]
+    assert sends == [("isend", data.tobytes(), 1, 3)] * 2
+    receives = [c for c in backend.calls if c[0] == "irecv"]
+    assert receives == [("irecv", 20, 1, 4), ("irecv", 20, 1, 4), ("irecv", 20, None, 4)]
+    np.testing.assert_array_equal(into_fast.view(np.uint8), RECEIVED_BYTE)
+    np.testing.assert_array_equal(into_fast, into_general)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"dst": 0}, "it should not be the rank of the calling process"),
+        ({"dst": 2}, "dst=2 is not a member of group"),
+        ({"dst": True}, "dst must be an int, got bool"),
+        ({"dst": 1, "tag": -1}, "tag must be >= 0"),
+        ({}, "either dst (a world rank) or group_dst must be specified"),
+    ],
+)
+def test_send_same_errors_on_both_paths(world, kwargs, expected) -> None:
+    backend, _general = world
+    data = np.ones(2, np.float32)
+    fast = _message(lambda: colls.send(data, **kwargs))
+    general = _message(lambda: colls.send(data, group=colls.group.WORLD, **kwargs))
+    assert fast == general
+    assert expected in fast[1]
+    assert backend.calls == []
+
+
+def test_recv_into_read_only_array_same_error_on_both_paths(world) -> None:
+    fast = _message(lambda: colls.recv(_read_only(), src=1))
+    general = _message(lambda: colls.recv(_read_only(), src=1, group=colls.group.WORLD))
+    assert fast == general
+    assert "is read-only" in fast[1]
+
+
+def test_async_work_queued_first_keeps_call_order(world) -> None:
+    backend, _general = world
+    first, second = np.ones(2, np.float32), np.ones(2, np.float32)
+    work = colls.all_reduce(first, async_op=True)
+    colls.all_reduce(second)  # waits behind the queued call (inline only when nothing is queued)
+    work.wait()
+    sequences = [fingerprint.tag_sequence(c[3]) for c in backend.calls]
+    assert sequences == sorted(sequences) and len(sequences) == 2
+    np.testing.assert_array_equal(first, [2.0, 2.0])
+    np.testing.assert_array_equal(second, [2.0, 2.0])
+
+
+def test_broken_group_refuses_on_the_fast_path_with_the_general_error(world) -> None:
+    backend, general = world
+    pg = _dispatch.default_group()
+    pg.health.job_failed("all_reduce #0", RuntimeError("peer vanished"))
+    with pytest.raises(colls.BackendError, match="all_reduce: .*peer vanished") as fast:
+        colls.all_reduce(np.ones(2, np.float32))
+    with pytest.raises(colls.BackendError) as by_group:
+        colls.all_reduce(np.ones(2, np.float32), group=colls.group.WORLD)
+    assert str(fast.value) == str(by_group.value)
+    assert backend.calls == []
