@@ -18,6 +18,9 @@ smallest sizes of each file, and prints predicted against measured time per size
 
 ``Bc``, ``Ba`` and ``Bt`` are the copy, add and TCP bandwidths. With more ranks than cores the
 per-rank terms are multiplied by ``n / cores`` (the ranks share the cores).
+
+:func:`predict_multihost` is the model of all_reduce across emulated hosts (K hosts of L ranks,
+links capped with tbf) that benchmarks/bench_multihost.py prints beside each measured figure.
 """
 
 from __future__ import annotations
@@ -116,6 +119,50 @@ def predict(kind: str, m: int, n: int, alpha: float, lim: dict[str, float]) -> f
         return rounds * (alpha + m / lim["tcp"] + share * m / lim["add"])
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * m / lim["tcp"] + (
         share * (n - 1) / n * m / lim["add"])
+
+
+#: TCP payload per byte on the wire with MTU 1500 and timestamps (1448 of 1514 bytes).
+TCP_EFFICIENCY = 0.956
+#: Latency of one network step between emulated hosts (veth, bridge, TCP; seconds).
+NET_ALPHA = 100e-6
+
+
+def link_bytes_per_s(rate: str, probe: float | None = None) -> float:
+    """Payload bandwidth of one host's link: the tbf ``rate`` less TCP's framing, capped by a
+    measured TCP ``probe`` (bytes/s, both directions busy) when the CPU is the limit."""
+    text = rate.lower()
+    scale = {"gbit": 1e9, "mbit": 1e6}[text[-4:]]
+    wire = float(text[:-4]) * scale / 8 * TCP_EFFICIENCY
+    return min(wire, probe) if probe else wire
+
+
+def predict_multihost(algorithm: str, m: int, hosts: int, per_host: int, link: float,
+                      lim: dict[str, float], cores: int | None = None) -> float:
+    """Model busbw (bytes/s, all_reduce factor 2(N-1)/N) of an m-byte all_reduce over
+    ``hosts`` emulated hosts of ``per_host`` ranks, each host's link carrying ``link`` bytes/s
+    per direction (shared by all its streams).
+
+    ``flat_ring``: one ring over all N ranks; the ring edge that leaves a host carries
+    2(N-1)/N m. ``two_level``: shared-memory reduce-scatter and all-gather inside the host, L
+    column rings between hosts; the link carries 2(K-1)/K m. ``leader``: shared-memory reduce
+    to one rank, a ring among the K leaders, shared-memory broadcast (MPICH's SMP-aware form).
+    Copies and reductions count ``N / cores`` times when the ranks outnumber the cores.
+    """
+    n, k, local = hosts * per_host, hosts, per_host
+    share = max(1.0, n / (cores or os.cpu_count() or 1))
+    copy, add = lim["copy"] / share, lim["add"] / share
+    if algorithm == "flat_ring" or local == 1:
+        t = 2 * (n - 1) * NET_ALPHA + 2 * (n - 1) / n * m / link + (n - 1) / n * m / add
+    elif algorithm == "two_level":
+        t = (2 * (k - 1) * NET_ALPHA + 2 * (k - 1) / k * m / link
+             + (2 * local - 1) / local * m / copy + (local - 1) / local * m / add
+             + (k - 1) / k * m / local / add)
+    elif algorithm == "leader":
+        t = (2 * (k - 1) * NET_ALPHA + 2 * (k - 1) / k * m / link
+             + (local - 1) * m / add + m / copy + (k - 1) / k * m / add)
+    else:
+        raise ValueError(f"algorithm must be flat_ring, two_level or leader, got {algorithm!r}")
+    return m * 2 * (n - 1) / n / t
 
 
 def check(path: str, lim: dict[str, float]) -> list[str]:
