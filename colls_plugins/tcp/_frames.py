@@ -14,7 +14,10 @@ rank answers) so that both ends know who they talk to and refuse strangers::
 
     <4s magic> <H version> <i rank> <i world_size> <H len(group)> <H len(address)> group address
 
-``group`` is the group name (utf-8) and ``address`` the sender's advertised ``host:port``.
+``group`` is the group name (utf-8) and ``address`` the sender's advertised ``host:port``. The
+accepting rank's hello is followed by one verdict byte: ``ACCEPT`` (this connection carries the
+pair's messages) or ``DECLINE`` (both ranks opened the pair at once and the connection opened by
+the lower rank is kept; this one is closed before any message crosses it).
 """
 
 from __future__ import annotations
@@ -39,10 +42,16 @@ MAX_TAG = (1 << 63) - 1
 #: Identifies a colls tcp connection; anything else connecting to a listener is refused.
 MAGIC = b"CLTP"
 
-#: Bumped whenever the framing or the hello changes incompatibly.
-PROTOCOL_VERSION = 1
+#: Bumped whenever the framing or the hello changes incompatibly (2: the answer's verdict byte).
+PROTOCOL_VERSION = 2
+
+#: Verdict bytes that follow the accepting rank's hello.
+ACCEPT, DECLINE = b"A", b"D"
 
 _HELLO_FIXED = struct.Struct("<4sHiiHH")
+
+#: Bytes of a hello before its variable fields (read first to learn the total length).
+HELLO_FIXED_BYTES = _HELLO_FIXED.size
 
 #: Longest group name or address a hello may carry (protects against garbage lengths).
 MAX_HELLO_FIELD = 4096
@@ -71,6 +80,26 @@ class Hello:
         return fixed + group + address
 
 
+def hello_size(fixed: bytes | bytearray) -> int:
+    """Return the length of the hello whose first HELLO_FIXED_BYTES bytes are ``fixed``.
+
+    Raises:
+        HelloError: the magic, version or field lengths are wrong.
+    """
+    magic, version, _, _, group_len, addr_len = _HELLO_FIXED.unpack_from(fixed)
+    _check_fixed(magic, version, group_len, addr_len)
+    return _HELLO_FIXED.size + group_len + addr_len
+
+
+def _check_fixed(magic: bytes, version: int, group_len: int, addr_len: int) -> None:
+    if magic != MAGIC:
+        raise HelloError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
+    if version != PROTOCOL_VERSION:
+        raise HelloError(f"protocol version {version} (expected {PROTOCOL_VERSION})")
+    if group_len > MAX_HELLO_FIELD or addr_len > MAX_HELLO_FIELD:
+        raise HelloError(f"field lengths {group_len}/{addr_len} exceed {MAX_HELLO_FIELD}")
+
+
 def decode_hello(data: bytes | bytearray) -> tuple[Hello | None, int]:
     """Decode a hello from the start of ``data``.
 
@@ -83,12 +112,7 @@ def decode_hello(data: bytes | bytearray) -> tuple[Hello | None, int]:
     if len(data) < _HELLO_FIXED.size:
         return None, 0
     magic, version, rank, world_size, group_len, addr_len = _HELLO_FIXED.unpack_from(data)
-    if magic != MAGIC:
-        raise HelloError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
-    if version != PROTOCOL_VERSION:
-        raise HelloError(f"protocol version {version} (expected {PROTOCOL_VERSION})")
-    if group_len > MAX_HELLO_FIELD or addr_len > MAX_HELLO_FIELD:
-        raise HelloError(f"field lengths {group_len}/{addr_len} exceed {MAX_HELLO_FIELD}")
+    _check_fixed(magic, version, group_len, addr_len)
     total = _HELLO_FIXED.size + group_len + addr_len
     if len(data) < total:
         return None, 0
@@ -108,7 +132,7 @@ def check_hello(hello: Hello, *, group: str, world_size: int, ranks: set[int] | 
     if hello.world_size != world_size:
         raise HelloError(f"world size {hello.world_size} (expected {world_size})")
     if hello.rank not in ranks:
-        raise HelloError(f"rank {hello.rank} is not one of the ranks still expected")
+        raise HelloError(f"rank {hello.rank} is not one of the ranks expected")
 
 
 def byte_view(array: Any, *, name: str, writable: bool) -> memoryview:

@@ -44,6 +44,7 @@ class Peer:
         self.rank = conn.rank
         self.address = conn.address
         self.sock = conn.sock
+        self.dialed = conn.dialed  # this rank opened the connection (colls_plugins.tcp._links)
         self.send_lock = threading.Lock()
         self.send_queue: deque[SendOp] = deque()
         self.want_write = False

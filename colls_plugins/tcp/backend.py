@@ -29,7 +29,7 @@ from colls.staging import stage_cuda
 from colls_plugins.tcp import shm_collectives
 from colls_plugins.tcp._frames import HOLD_TAG, MAX_TAG
 from colls_plugins.tcp._scratch import ScratchArena
-from colls_plugins.tcp.connections import connect_mesh
+from colls_plugins.tcp.connections import Mesh
 from colls_plugins.tcp.engine import Engine
 from colls_plugins.tcp.shm import ShmGroup
 from colls_plugins.tcp.shm_level import ShmLevel
@@ -76,9 +76,10 @@ class TcpBackend(Backend):
         super().__init__(store, rank, world_size, options)
         self._arena = ScratchArena()
         self._poll = every_rank_has_a_core(world_size)
-        connections = connect_mesh(store, rank, world_size, options)
-        self._engine = Engine(rank, connections, options.timeout, options.group_name)
+        mesh = Mesh(store, rank, world_size, options) if world_size > 1 else None
+        self._engine = Engine(rank, {}, options.timeout, options.group_name, mesh=mesh)
         try:
+            self._engine.join()  # the ring neighbours; every other peer connects when needed
             found = setup_shm(
                 store, rank, world_size, options.timeout, self._engine.peer_error,
                 options.group_name,

@@ -1,26 +1,35 @@
-"""Connection setup of the tcp backend: a full mesh of sockets opened through the group's store.
+"""Connection setup of the tcp backend: lazy, one connection per pair of ranks that talk.
 
-Every rank opens a listening socket on a port the OS picks, on the address it advertises, and
-publishes ``tcp/addr/{rank} = b"host:port"`` in the (group-prefixed) store. Then rank ``j``
-connects to every rank ``i < j`` and sends a hello; rank ``i`` accepts ``world_size - 1 - i``
-connections, checks each hello (magic, version, group name, world size, a rank still expected)
-and answers with its own hello. Strangers and duplicates are closed and logged; setup goes on
-waiting for the right peers. Everything is bounded by ``options.timeout`` and a timeout names the
-ranks that never showed up.
+Every rank opens a listening socket on a port the OS picks, on the address it advertises,
+publishes ``tcp/addr/{rank} = b"host:port"`` in the (group-prefixed) store, and keeps the
+listener open for the group's life. A rank connects to a peer when it first sends to it (an
+algorithm's partner or a p2p destination): it reads that one peer's address from the store,
+connects and sends a hello; the peer's progress thread checks the hello (magic, version, group
+name, world size, a rank other than its own) and answers with its own hello and a verdict. A rank
+that only receives from a peer never connects: it waits for the peer to connect, which the peer
+does before its first send. So a rank reads the addresses of the peers it sends to only, and holds
+connections to the peers it talks to only (:mod:`~colls_plugins.tcp.engine` keeps the table).
 
-Connecting never waits on the peer's program (the kernel completes the handshake from the listen
-backlog), so "connect down, then accept up, then read the answers" cannot deadlock.
+Both ranks of a pair may connect at once. The verdict settles it: the connection opened by the
+lower rank is kept. A rank that receives a hello from a higher rank while its own connection to
+that rank is pending or established declines the incoming one; a higher rank accepts the lower
+rank's connection and is declined on its own. No message crosses a declined connection (the
+connecting side sends nothing before the verdict).
 
-Let no one in: the listener binds only the advertised address and is closed once the mesh is
-built. A connection that has not sent a valid hello within ``COLLS_HANDSHAKE_TIMEOUT`` seconds is
-dropped. With an auth token (``COLLS_AUTH_TOKEN``, ``pg_options={"auth_token": ...}``, or the
-token of the TCPStore the group rendezvous through) the connecting rank opens with
-``AUTH_MAGIC + nonce`` instead of its hello; the accepting rank answers with its nonce and its
-HMAC proof (:mod:`colls.auth`), and only after checking the connecting rank's proof does it read
-the hello. In the step that reads the answers the connecting rank checks the accepting rank's
-proof and sends its own proof followed by its hello, so the no-deadlock order above still holds.
-Without a token, a listener on an address other hosts can reach warns once
-(:func:`colls.auth.warn_if_exposed`).
+Connecting never waits on the peer's program: the kernel completes the handshake from the listen
+backlog and the peer's progress thread answers, so a connection opened from inside a collective
+cannot deadlock. Everything is bounded by ``options.timeout`` and a timeout names the rank that
+never published, accepted or answered.
+
+Let no one in: the listener binds only the advertised address. A connection that has not sent a
+valid hello within ``COLLS_HANDSHAKE_TIMEOUT`` seconds is dropped; strangers, wrong groups and
+duplicates are closed and logged. With an auth token (``COLLS_AUTH_TOKEN``,
+``pg_options={"auth_token": ...}``, or the token of the TCPStore the group rendezvous through) the
+connecting rank opens with ``AUTH_MAGIC + nonce`` instead of its hello; the accepting rank answers
+with its nonce and its HMAC proof (:mod:`colls.auth`), and only after checking the connecting
+rank's proof does it read the hello. The connecting rank checks the accepting rank's proof and
+sends its own proof followed by its hello. Without a token, a listener on an address other hosts
+can reach warns once (:func:`colls.auth.warn_if_exposed`).
 
 The advertised address is ``COLLS_TCP_HOST`` when set; otherwise the address this host uses to
 reach the TCPStore's server (127.0.0.1 when that server is on loopback), and 127.0.0.1 for
@@ -32,9 +41,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import selectors
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,10 +51,14 @@ from colls import auth, env
 from colls.errors import BackendError, CollsTimeoutError, NetworkError, StoreTimeoutError
 from colls.sockets import enable_keepalive
 from colls_plugins.tcp._frames import (
+    ACCEPT,
+    DECLINE,
+    HELLO_FIXED_BYTES,
     Hello,
     HelloError,
     check_hello,
     decode_hello,
+    hello_size,
     join_address,
     split_address,
 )
@@ -63,6 +76,14 @@ SOCKET_BUFFER_BYTES = 4 << 20
 #: Pause between attempts when a peer's listener refuses a connection (it should not, since
 #: the address is published only after listen(); this covers stale addresses and busy hosts).
 CONNECT_RETRY_SECONDS = 0.05
+
+#: Seconds a dialling thread blocks at a time before it checks whether its group broke or
+#: closed meanwhile (then it stops waiting for the peer).
+DIAL_POLL_SECONDS = 0.2
+
+#: Listen backlog: connections the kernel completes before the progress thread accepts them. A
+#: rank is dialled by its O(log N) collective partners and its p2p peers, rarely all at once.
+LISTEN_BACKLOG = 128
 
 #: Store key under which rank ``r`` publishes its listening address.
 ADDRESS_KEY = "tcp/addr/{rank}"
@@ -84,11 +105,13 @@ class Connection:
         rank: the peer's group rank.
         sock: the connected socket (blocking; the engine makes it non-blocking).
         address: the peer's advertised ``host:port`` (used in error messages).
+        dialed: this rank opened the connection (decides which of two simultaneous ones stays).
     """
 
     rank: int
     sock: socket.socket
     address: str
+    dialed: bool = False
 
 
 def advertised_host(store: Store) -> str:
@@ -144,8 +167,8 @@ def group_token(store: Store, options: BackendOptions) -> bytes | None:
 
 
 @dataclass
-class _Incoming:
-    """An accepted connection that has not yet sent a valid hello."""
+class Incoming:
+    """An accepted connection that has not yet sent a valid hello (``deadline``: drop it then)."""
 
     deadline: float
     buffer: bytearray
@@ -196,8 +219,29 @@ def open_listener(host: str, backlog: int) -> socket.socket:
     return listener
 
 
-class _Setup:
-    """One rank's part of building the mesh (a helper object so each step stays small)."""
+def _never() -> BaseException | None:
+    """Never abandon a dial (the default of :meth:`Mesh.dial`)."""
+    return None
+
+
+class Mesh:
+    """One rank's listener and the two halves of the connection handshake.
+
+    The listener stays open for the group's life, so that any peer can connect when it first
+    needs this rank. The connecting half (:meth:`dial`) blocks the calling thread; the accepting
+    half (:meth:`accept`, :meth:`read_hello`, :meth:`answer`) never blocks and runs on the
+    progress thread of :class:`~colls_plugins.tcp.engine.Engine`, which also decides whether an
+    incoming connection is accepted or declined (both ranks of a pair dialled at once).
+
+    Args:
+        store: the group's (prefixed) store.
+        rank: this rank's group rank.
+        world_size: the group size.
+        options: the group's options (``timeout``, ``group_name``, the auth token).
+
+    Raises:
+        NetworkError: the listener cannot be opened on the advertised address.
+    """
 
     def __init__(self, store: Store, rank: int, world_size: int, options: BackendOptions):
         self.store = store
@@ -205,50 +249,102 @@ class _Setup:
         self.world_size = world_size
         self.group = options.group_name
         self.timeout = options.timeout
-        self.deadline = time.monotonic() + options.timeout
-        self.address = ""
-        self.connections: dict[int, Connection] = {}
         self.token = group_token(store, options)
-        self.nonces: dict[int, bytes] = {}  # our nonce per lower peer (auth only)
         self.handshake_s = float(env.get("COLLS_HANDSHAKE_TIMEOUT"))
+        self.listener = open_listener(advertised_host(store), backlog=LISTEN_BACKLOG)
+        host, port = self.listener.getsockname()[:2]
+        self.address = join_address(host, port)
+        self._hello = Hello(rank, world_size, self.group, self.address).encode()
+        self._others = set(range(world_size)) - {rank}
 
-    def remaining(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
+    def publish(self) -> None:
+        """Publish this rank's address (``ADDRESS_KEY``) once the listener is open."""
+        host, port = split_address(self.address)
+        auth.warn_if_exposed("tcp peer listener", host, port, self.token)
+        self.store.set(ADDRESS_KEY.format(rank=self.rank), self.address.encode())
 
-    def hello(self) -> bytes:
-        return Hello(self.rank, self.world_size, self.group, self.address).encode()
+    def close(self) -> None:
+        """Close the listener (the address stays in the store; connecting to it is refused)."""
+        self.listener.close()
 
     def timeout_error(self, what: str, ranks: list[int]) -> CollsTimeoutError:
+        """Return the error of a connection not made within the group timeout, naming ranks."""
         return CollsTimeoutError(
             f"tcp: rank {self.rank} of group {self.group!r} could not connect within "
             f"{self.timeout:.1f} s: {what} ranks {ranks}"
         )
 
-    # -- step 1: publish ------------------------------------------------------------------------
-    def publish(self, listener: socket.socket) -> None:
-        host, port = listener.getsockname()[:2]
-        auth.warn_if_exposed("tcp peer listener", host, port, self.token)
-        self.address = join_address(host, port)
-        self.store.set(ADDRESS_KEY.format(rank=self.rank), self.address.encode())
+    # -- the connecting half --------------------------------------------------------------------
+    def lookup(self, peer: int, deadline: float) -> str:
+        """Return ``peer``'s published address, waiting for it until ``deadline``.
 
-    # -- step 2: connect to lower ranks ---------------------------------------------------------
-    def lookup_lower(self) -> dict[int, str]:
-        keys = [ADDRESS_KEY.format(rank=i) for i in range(self.rank)]
+        Raises:
+            CollsTimeoutError: ``peer`` published nothing in time (names it).
+        """
+        key = ADDRESS_KEY.format(rank=peer)
         try:
-            self.store.wait(keys, self.remaining())
+            self.store.wait([key], max(deadline - time.monotonic(), 0.001))
         except StoreTimeoutError:
-            missing = [i for i, key in enumerate(keys) if not self.store.check([key])]
-            raise self.timeout_error("no address published by", missing) from None
-        return {i: self.store.get(key).decode() for i, key in enumerate(keys)}
+            raise self.timeout_error("no address published by", [peer]) from None
+        return self.store.get(key).decode()
 
-    def connect(self, peer: int, address: str) -> socket.socket:
-        host, port = split_address(address)
+    def dial(
+        self, peer: int, deadline: float, abandon: Callable[[], BaseException | None] = _never,
+    ) -> Connection | None:
+        """Connect to ``peer`` and shake hands (blocking, bounded by ``deadline``).
+
+        ``abandon()`` is asked every DIAL_POLL_SECONDS while waiting; an exception it returns
+        (the group broke or closed) is raised at once.
+
+        Returns:
+            The connection, or None when ``peer`` declined it: it opened the pair too and its
+            connection, the lower rank's, is the one kept (it arrives at this rank's listener).
+
+        Raises:
+            CollsTimeoutError: ``peer`` did not publish, accept or answer in time (names it).
+            NetworkError: the connection could not be opened.
+            BackendError: the address answered as someone else, or authentication failed.
+        """
+        sock, address = self._connect(peer, deadline, abandon)
+        try:
+            sock.settimeout(DIAL_POLL_SECONDS)
+            verdict = self._handshake(sock, peer, _Patience(deadline, abandon))
+        except TimeoutError:
+            sock.close()
+            raise self.timeout_error("no answer from", [peer]) from None
+        except BaseException as exc:
+            sock.close()
+            if not isinstance(exc, (HelloError, OSError)):
+                raise
+            raise BackendError(
+                f"tcp: rank {self.rank} of group {self.group!r}: the listener published by rank "
+                f"{peer} at {address} did not answer as that rank: {exc}"
+            ) from exc
+        if verdict == DECLINE:
+            sock.close()
+            return None
+        return Connection(peer, sock, address, dialed=True)
+
+    def _connect(
+        self, peer: int, deadline: float, abandon: Callable[[], BaseException | None]
+    ) -> tuple[socket.socket, str]:
+        """Connect to ``peer``'s published address; return the socket and the address.
+
+        A refused connection reads the address again before the next try: the one read may be
+        stale, left by an earlier group of the same name on the same store.
+        """
         while True:
+            address = self.lookup(peer, deadline)
+            host, port = split_address(address)
+            remaining = deadline - time.monotonic()
             try:
-                sock = socket.create_connection((host, port), timeout=max(self.remaining(), 0.001))
+                sock = socket.create_connection((host, port), timeout=max(remaining, 0.001))
             except (TimeoutError, ConnectionRefusedError) as exc:
-                if self.remaining() <= CONNECT_RETRY_SECONDS:
+                if remaining <= CONNECT_RETRY_SECONDS:
                     raise self.timeout_error(f"connection refused ({exc}) by", [peer]) from None
+                reason = abandon()
+                if reason is not None:
+                    raise reason from None
                 time.sleep(CONNECT_RETRY_SECONDS)
                 continue
             except OSError as exc:
@@ -256,72 +352,88 @@ class _Setup:
                     f"tcp: rank {self.rank} cannot connect to rank {peer} at {address}: {exc}"
                 ) from exc
             tune_socket(sock)
-            return sock
+            return sock, address
 
-    def connect_lower(self) -> None:
-        for peer, address in self.lookup_lower().items():
-            sock = self.connect(peer, address)
-            self.connections[peer] = Connection(peer, sock, address)
-            first = self.hello()
-            if self.token is not None:  # the hello follows once the peer has proved itself
-                self.nonces[peer] = auth.new_nonce()
-                first = AUTH_MAGIC + self.nonces[peer]
-            try:
-                sock.sendall(first)
-            except OSError as exc:
-                raise NetworkError(
-                    f"tcp: rank {self.rank} cannot greet rank {peer} at {address}: {exc}"
-                ) from exc
+    def _handshake(self, sock: socket.socket, peer: int, patience: _Patience) -> bytes:
+        """Greet ``peer`` (authenticating first with a token); return its verdict byte.
 
-    # -- step 3: accept higher ranks ------------------------------------------------------------
-    def accept_higher(self, listener: socket.socket) -> None:
-        expected = set(range(self.rank + 1, self.world_size))
-        selector = selectors.DefaultSelector()
-        selector.register(listener, selectors.EVENT_READ, None)
+        Reads exactly the answer's bytes: a message the peer sends once it accepted may follow.
+        """
+        if self.token is None:
+            sock.sendall(self._hello)
+        else:  # the hello follows once the peer has proved itself
+            nonce = auth.new_nonce()
+            sock.sendall(AUTH_MAGIC + nonce)
+            reply = patience.recv_exact(sock, _AUTH_REPLY_BYTES, "during authentication (is "
+                                        "COLLS_AUTH_TOKEN set to the same value on every rank?)")
+            server_nonce = reply[: auth.NONCE_BYTES]
+            if not auth.verify(self.token, auth.TCP_SERVER, nonce, server_nonce,
+                               reply[auth.NONCE_BYTES :]):
+                raise HelloError("could not prove it knows COLLS_AUTH_TOKEN")
+            sock.sendall(auth.proof(self.token, auth.TCP_CLIENT, server_nonce, nonce) + self._hello)
+        closed = "instead of answering (a different COLLS_AUTH_TOKEN on that rank?)"
+        fixed = patience.recv_exact(sock, HELLO_FIXED_BYTES, closed)
+        data = fixed + patience.recv_exact(sock, hello_size(fixed) - HELLO_FIXED_BYTES, closed)
+        hello, _ = decode_hello(data)
+        assert hello is not None  # the whole hello was read
+        check_hello(hello, group=self.group, world_size=self.world_size, ranks={peer})
+        verdict = patience.recv_exact(sock, 1, closed)
+        if verdict not in (ACCEPT, DECLINE):
+            raise HelloError(f"verdict {verdict!r} (expected {ACCEPT!r} or {DECLINE!r})")
+        return verdict
+
+    # -- the accepting half (progress thread, non-blocking) --------------------------------------
+    def accept(self) -> tuple[socket.socket, Incoming] | None:
+        """Accept a pending connection; return it with its handshake state (None: none was)."""
         try:
-            while expected:
-                remaining = self.remaining()
-                if remaining <= 0:
-                    raise self.timeout_error("no valid connection from", sorted(expected))
-                for key, _ in selector.select(self.select_timeout(selector, remaining)):
-                    if key.data is None:
-                        sock, _ = listener.accept()
-                        tune_socket(sock)
-                        sock.setblocking(False)
-                        phase = _PHASE_HELLO if self.token is None else _PHASE_AUTH
-                        incoming = _Incoming(time.monotonic() + self.handshake_s, bytearray(),
-                                             phase)
-                        selector.register(sock, selectors.EVENT_READ, incoming)
-                    else:
-                        sock = key.fileobj  # type: ignore[assignment]
-                        self.read_hello(selector, sock, key.data, expected)
-                self.drop_half_open(selector)
-        finally:
-            for key in list(selector.get_map().values()):
-                if key.data is not None:
-                    key.fileobj.close()  # type: ignore[union-attr]
-            selector.close()
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:  # out of descriptors, or a connection reset in the backlog
+            logger.warning("tcp: rank %d could not accept a connection: %s", self.rank, exc)
+            return None
+        tune_socket(sock)
+        sock.setblocking(False)
+        phase = _PHASE_HELLO if self.token is None else _PHASE_AUTH
+        return sock, Incoming(time.monotonic() + self.handshake_s, bytearray(), phase)
 
-    def select_timeout(self, selector: selectors.BaseSelector, remaining: float) -> float:
-        """Return how long to wait: until the setup deadline or the next half-open deadline."""
-        deadlines = [k.data.deadline for k in selector.get_map().values() if k.data is not None]
-        if not deadlines:
-            return remaining
-        return max(0.0, min(remaining, min(deadlines) - time.monotonic()))
+    def read_hello(self, sock: socket.socket, state: Incoming) -> Hello | None:
+        """Read what ``sock`` sent; return the checked hello once complete (None: not yet).
 
-    def drop_half_open(self, selector: selectors.BaseSelector) -> None:
-        """Close connections that did not send a valid hello within the handshake timeout."""
-        now = time.monotonic()
-        for key in list(selector.get_map().values()):
-            if key.data is not None and key.data.deadline <= now:
-                sock = key.fileobj
-                logger.warning("tcp: rank %d dropped a half-open connection from %s: no valid "
-                               "hello within %.1f s", self.rank, _peer_name(sock),  # type: ignore[arg-type]
-                               self.handshake_s)
-                selector.unregister(sock)
-                sock.close()  # type: ignore[union-attr]
+        Raises:
+            HelloError: a stranger, a wrong group or size, this rank's own rank, or failed
+                authentication.
+            OSError: the connection broke.
+        """
+        try:
+            chunk = sock.recv(4096)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            raise HelloError(
+                "closed during authentication (it rejected this rank's proof: a different "
+                "COLLS_AUTH_TOKEN?)" if state.phase == _PHASE_PROOF
+                else "closed before sending a hello"
+            )
+        state.buffer += chunk
+        if not self._authenticate_incoming(sock, state):
+            return None
+        hello, _ = decode_hello(state.buffer)
+        if hello is not None:
+            check_hello(hello, group=self.group, world_size=self.world_size, ranks=self._others)
+        return hello
 
-    def authenticate_incoming(self, sock: socket.socket, state: _Incoming) -> bool:
+    def answer(self, sock: socket.socket, verdict: bytes) -> None:
+        """Send this rank's hello and ``verdict`` on an incoming connection (blocking, short).
+
+        Raises:
+            OSError: the connection broke or the peer does not read.
+        """
+        sock.setblocking(True)
+        sock.settimeout(self.handshake_s)
+        sock.sendall(self._hello + verdict)
+
+    def _authenticate_incoming(self, sock: socket.socket, state: Incoming) -> bool:
         """Run the accepting side of the auth exchange; True once the peer has proved itself.
 
         Raises:
@@ -357,102 +469,41 @@ class _Setup:
             state.phase = _PHASE_HELLO
         return True
 
-    def read_hello(
-        self,
-        selector: selectors.BaseSelector,
-        sock: socket.socket,
-        state: _Incoming,
-        expected: set[int],
-    ) -> None:
-        peer_name = _peer_name(sock)
-        buffer = state.buffer
-        try:
-            chunk = sock.recv(4096)
-            if not chunk:
-                raise HelloError(
-                    "closed during authentication (it rejected this rank's proof: a different "
-                    "COLLS_AUTH_TOKEN?)" if state.phase == _PHASE_PROOF
-                    else "closed before sending a hello"
-                )
-            buffer += chunk
-            if not self.authenticate_incoming(sock, state):
-                return
-            hello, _ = decode_hello(buffer)
-            if hello is None:
-                return
-            check_hello(hello, group=self.group, world_size=self.world_size, ranks=expected)
-        except BlockingIOError:
-            return
-        except (HelloError, OSError) as exc:
-            logger.warning("tcp: rank %d refused a connection from %s: %s",
-                           self.rank, peer_name, exc)
-            selector.unregister(sock)
-            sock.close()
-            return
-        selector.unregister(sock)
-        sock.setblocking(True)
-        sock.settimeout(max(self.remaining(), 0.001))
-        try:
-            sock.sendall(self.hello())
-        except OSError as exc:
-            logger.warning("tcp: rank %d could not answer rank %d at %s: %s",
-                           self.rank, hello.rank, peer_name, exc)
-            sock.close()
-            return
-        expected.discard(hello.rank)
-        self.connections[hello.rank] = Connection(hello.rank, sock, hello.address)
 
-    # -- step 4: read the answers of lower ranks ------------------------------------------------
-    def prove_to(self, peer: int, conn: Connection) -> None:
-        """Check ``peer``'s proof, then send ours and the hello (connecting side, with auth).
+class _Patience:
+    """How long a dialling thread waits for an answer: until a deadline, or its group breaks."""
+
+    def __init__(self, deadline: float, abandon: Callable[[], BaseException | None]) -> None:
+        self.deadline = deadline
+        self.abandon = abandon
+
+    def recv_exact(self, sock: socket.socket, nbytes: int, closed: str) -> bytes:
+        """Read exactly ``nbytes`` from ``sock`` (its timeout: one poll).
 
         Raises:
-            HelloError: the peer's proof is wrong or it closed the connection.
+            HelloError: the peer closed the connection first (``closed`` says when).
+            TimeoutError: the deadline passed.
+            BaseException: what ``abandon()`` returned.
         """
-        reply = bytearray()
-        while len(reply) < _AUTH_REPLY_BYTES:
-            chunk = conn.sock.recv(_AUTH_REPLY_BYTES - len(reply))
-            if not chunk:
-                raise HelloError("closed the connection during authentication (is "
-                                 "COLLS_AUTH_TOKEN set to the same value on every rank?)")
-            reply += chunk
-        server_nonce = bytes(reply[: auth.NONCE_BYTES])
-        assert self.token is not None  # only called with auth
-        if not auth.verify(self.token, auth.TCP_SERVER, self.nonces[peer], server_nonce,
-                           reply[auth.NONCE_BYTES :]):
-            raise HelloError("could not prove it knows COLLS_AUTH_TOKEN")
-        conn.sock.sendall(
-            auth.proof(self.token, auth.TCP_CLIENT, server_nonce, self.nonces[peer])
-            + self.hello()
-        )
-
-    def read_answers(self) -> None:
-        for peer in range(self.rank):
-            conn = self.connections[peer]
-            buffer = bytearray()
-            conn.sock.settimeout(max(self.remaining(), 0.001))
+        data = bytearray()
+        while len(data) < nbytes:
             try:
-                if self.token is not None:
-                    self.prove_to(peer, conn)
-                hello = None
-                while hello is None:
-                    chunk = conn.sock.recv(4096)
-                    if not chunk:
-                        raise HelloError("closed the connection instead of answering (a "
-                                         "different COLLS_AUTH_TOKEN on that rank?)")
-                    buffer += chunk
-                    hello, _ = decode_hello(buffer)
-                check_hello(hello, group=self.group, world_size=self.world_size, ranks={peer})
+                chunk = sock.recv(nbytes - len(data))
             except TimeoutError:
-                raise self.timeout_error("no answer from", list(range(peer, self.rank))) from None
-            except (HelloError, OSError) as exc:
-                raise BackendError(
-                    f"tcp: rank {self.rank} of group {self.group!r}: the listener published "
-                    f"by rank {peer} at {conn.address} did not answer as that rank: {exc}"
-                ) from exc
+                reason = self.abandon()
+                if reason is not None:
+                    raise reason from None
+                if time.monotonic() >= self.deadline:
+                    raise
+                continue
+            if not chunk:
+                raise HelloError(f"closed the connection {closed}")
+            data += chunk
+        return bytes(data)
 
 
-def _peer_name(sock: socket.socket) -> str:
+def peer_name(sock: socket.socket) -> str:
+    """Return ``host:port`` of the other end of ``sock`` (for logs)."""
     try:
         host, port = sock.getpeername()[:2]
     except OSError:
@@ -460,42 +511,3 @@ def _peer_name(sock: socket.socket) -> str:
     return join_address(host, port)
 
 
-def connect_mesh(
-    store: Store, rank: int, world_size: int, options: BackendOptions
-) -> dict[int, Connection]:
-    """Open one validated connection to every other rank of the group.
-
-    Args:
-        store: the group's (prefixed) store.
-        rank: this rank's group rank.
-        world_size: the group size; 1 opens no socket at all.
-        options: the group's options (``timeout``, ``group_name``).
-
-    Returns:
-        Connections keyed by peer rank (empty for a group of one). Sockets are blocking.
-
-    Raises:
-        CollsTimeoutError: some ranks did not publish, connect or answer within the timeout
-            (the message names them).
-        NetworkError: a socket could not be opened, bound or connected.
-        BackendError: a published address answered as someone else.
-    """
-    if world_size == 1:
-        return {}
-    setup = _Setup(store, rank, world_size, options)
-    listener = open_listener(advertised_host(store), backlog=max(world_size, 16))
-    try:
-        setup.publish(listener)
-        setup.connect_lower()
-        setup.accept_higher(listener)
-        setup.read_answers()
-    except BaseException:
-        for conn in setup.connections.values():
-            conn.sock.close()
-        raise
-    finally:
-        listener.close()
-    # Every higher rank has connected, so none will read our address again.
-    with contextlib.suppress(Exception):
-        store.delete_key(ADDRESS_KEY.format(rank=rank))
-    return setup.connections

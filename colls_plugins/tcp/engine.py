@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from colls import env
-from colls.errors import BackendError, NetworkError
+from colls.errors import BackendError, CollsError, NetworkError
 from colls.matching import (
     MESSAGE_OVERHEAD_BYTES,
     MatchTable,
@@ -63,7 +63,8 @@ from colls.matching import (
 )
 from colls.sockets import bound_unacknowledged
 from colls.work import Work
-from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, HOLD_TAG, byte_view
+from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, HOLD_TAG, HelloError, byte_view
+from colls_plugins.tcp._links import Links
 from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
     PROBE_TAG,
@@ -72,7 +73,7 @@ from colls_plugins.tcp._mismatch import (
     probed_tag,
 )
 from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, RX_HELD, Peer, SendOp, consume, gather
-from colls_plugins.tcp.connections import Connection
+from colls_plugins.tcp.connections import Connection, Incoming, Mesh, peer_name
 
 logger = logging.getLogger("colls.tcp")
 
@@ -106,19 +107,26 @@ _GOODBYE = HEADER.pack(GOODBYE_TAG, 0)
 
 
 class Engine:
-    """Point-to-point over a mesh of connections, progressed by one background thread.
+    """Point-to-point over connections opened on demand, progressed by one background thread.
 
     Args:
         rank: this rank's group rank.
-        connections: one established connection per peer (empty for a group of one).
-        timeout: default ``wait()`` timeout of the Works it returns.
+        connections: connections that exist already (a fixed mesh; empty for a lazy group).
+        timeout: default ``wait()`` timeout of the Works it returns, and the bound on opening
+            a connection.
         name: a label for the thread and logs (the group name).
+        mesh: the listener of a lazily connected group (:class:`Mesh`): its progress thread
+            accepts peers' connections, and a send to a rank without a connection dials it.
+            None: the group is ``connections`` and this rank (no listener).
     """
 
     def __init__(
-        self, rank: int, connections: dict[int, Connection], timeout: float, name: str
+        self, rank: int, connections: dict[int, Connection], timeout: float, name: str,
+        mesh: Mesh | None = None,
     ) -> None:
         self.rank = rank
+        self._mesh = mesh
+        self._world_size = mesh.world_size if mesh is not None else len(connections) + 1
         self._timeout = timeout
         self._lock = threading.Lock()
         self._rx_lock = threading.Lock()  # held by whichever thread reads the sockets
@@ -129,12 +137,14 @@ class Engine:
         self._tracker = Tracker()
         self._on_peer_lost: Callable[[int, BaseException], None] | None = None
         self._abrupt: NetworkError | None = None
-        self._peers = {r: Peer(c) for r, c in connections.items()}
+        self._links = Links(rank, connections, mesh, timeout, self._register, self._refusal)
+        self._peers = self._links.peers  # read freely; changed under the links' lock only
+        self._incoming: dict[socket.socket, Incoming] = {}  # handshakes (progress thread)
         self._held: set[Peer] = set()  # peers in RX_HELD (guarded by _lock)
         self._scratch: memoryview | None = None
         self._max_message = int(env.get("COLLS_MAX_MESSAGE_BYTES"))
         self._thread: threading.Thread | None = None
-        if not self._peers:
+        if self._world_size == 1:
             return  # a group of one: local delivery only, no sockets, no thread
         self._wake_lock = threading.Lock()
         self._wake_sent = False
@@ -144,10 +154,10 @@ class Engine:
         self._wake_w.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        for peer in self._peers.values():
-            peer.sock.setblocking(False)
-            self._selector.register(peer.sock, selectors.EVENT_READ, peer)
-            peer.events = selectors.EVENT_READ
+        if mesh is not None:
+            mesh.listener.setblocking(False)
+            self._selector.register(mesh.listener, selectors.EVENT_READ, mesh)
+        self._links.start()
         self._thread = threading.Thread(
             target=self._run, name=f"colls-tcp[{name}:{rank}]", daemon=True
         )
@@ -165,7 +175,13 @@ class Engine:
         work = Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
         if dst == self.rank:
             return self._send_local(work, view, tag)
-        peer = self._peers[dst]
+        peer = self._peers.get(dst)
+        if peer is None:
+            try:
+                peer = self._open(dst)
+            except CollsError as exc:
+                work.set_exception(exc)
+                return work
         op = SendOp(work, deque([memoryview(HEADER.pack(tag, view.nbytes)), view]), array)
         refusal: BaseException | None = None
         queued = wake = False
@@ -233,6 +249,64 @@ class Engine:
             self._complete_from(op, message)
         return work
 
+    def join(self) -> None:
+        """Publish this rank's address and connect to its two ring neighbours (blocking).
+
+        Every other connection opens when first needed. The ring is opened at once because a
+        rank that dies must be seen by someone: its neighbours see its connections drop and
+        break the group (colls.health), which every other rank then learns from the store. It
+        also makes group creation fail, naming the rank, when a neighbour never comes. Rank
+        ``r`` dials ``r + 1`` and waits for ``r - 1`` (modulo the size; of two ranks, both
+        dial and the tie-break keeps one connection).
+
+        Raises:
+            CollsTimeoutError: a neighbour did not publish, connect or answer within the group
+                timeout (named).
+            NetworkError / BackendError: a connection failed or was refused.
+        """
+        if self._mesh is None or self._world_size == 1:
+            return
+        deadline = time.monotonic() + self._timeout
+        self._mesh.publish()
+        self._links.connect((self.rank + 1) % self._world_size, deadline)
+        self._links.wait_for((self.rank - 1) % self._world_size, deadline)
+
+    def connected_ranks(self) -> list[int]:
+        """Return the ranks this rank holds a connection to (dead ones included), sorted."""
+        return sorted(self._peers)
+
+    def _open(self, dst: int) -> Peer:
+        """Dial ``dst`` for a send (caller thread); a failure breaks the group, naming it.
+
+        Raises:
+            BackendError: the group is closed or broken.
+            NetworkError: ``dst`` never published, accepted or answered (names it).
+        """
+        refusal = self._refusal()
+        if refusal is not None:
+            raise refusal
+        try:
+            return self._links.connect(dst)
+        except CollsError as exc:
+            if self._refusal() is not None:
+                raise
+            # A NetworkError, not the CollsTimeoutError itself: Work.wait() takes a
+            # TimeoutError raised by its future for its own timeout.
+            error = NetworkError(f"tcp: rank {self.rank} cannot reach rank {dst}: {exc}")
+            error.__cause__ = exc
+            listener = self._on_peer_lost
+            if listener is not None:
+                listener(dst, error)
+            raise error from exc
+
+    def _register(self, peer: Peer) -> None:
+        """Watch a new peer's socket for reading (Links calls it under its lock)."""
+        if self._world_size == 1:
+            return
+        peer.sock.setblocking(False)
+        self._selector.register(peer.sock, selectors.EVENT_READ, peer)
+        peer.events = selectors.EVENT_READ
+
     def peer_error(self, rank: int) -> BaseException | None:
         """Return why waiting for ``rank`` is pointless (closed, broken, peer lost), or None.
 
@@ -260,9 +334,10 @@ class Engine:
                 return
             self._broken = error
             pending: list[Any] = self._table.remove_all()
-            for peer in self._peers.values():
+            peers = self._links.snapshot()
+            for peer in peers:
                 pending.extend(self._rx_pending(peer))
-        for peer in self._peers.values():
+        for peer in peers:
             with peer.send_lock:
                 pending.extend(peer.send_queue)
         for op in pending:
@@ -287,6 +362,18 @@ class Engine:
             peer = self._peers.get(src)
             if peer is not None:
                 self._send_probe(peer, tag)
+            elif self._mesh is not None:  # dialling blocks: not on the progress thread
+                threading.Thread(target=self._dial_and_probe, args=(src, tag),
+                                 name=f"colls-tcp-probe:{self.rank}", daemon=True).start()
+
+    def _dial_and_probe(self, src: int, tag: int) -> None:
+        """Connect to ``src``, which this rank only receives from, to probe it (own thread)."""
+        try:
+            peer = self._links.connect(src)
+        except CollsError as exc:  # the receive itself fails by timeout or the broken group
+            logger.info("tcp: rank %d could not probe rank %d: %s", self.rank, src, exc)
+            return
+        self._send_probe(peer, tag)
 
     def _send_probe(self, peer: Peer, tag: int) -> None:
         header = memoryview(HEADER.pack(PROBE_TAG, probe_field(tag)))
@@ -346,12 +433,18 @@ class Engine:
     def _recv_refusal(self, src: int | None) -> BackendError | None:
         """Return why a receive from ``src`` can never complete (lock held), or None."""
         if src is not None:
-            return self._peers[src].dead if src != self.rank else None
+            peer = self._peers.get(src) if src != self.rank else None
+            return peer.dead if peer is not None else None  # not connected: it will connect
         if self._abrupt is not None:
             return self._abrupt
-        if self._peers and all(p.dead for p in self._peers.values()):
+        if self._all_gone():
             return BackendError(f"tcp: rank {self.rank}: every peer has closed its backend")
         return None
+
+    def _all_gone(self) -> bool:
+        """Whether every other rank has connected and left (no any-source message can come)."""
+        peers = self._links.snapshot()
+        return len(peers) == self._world_size - 1 and all(p.dead for p in peers)
 
     @staticmethod
     def _size_error(op: RecvOp, src: int, nbytes: int) -> BackendError:
@@ -423,10 +516,13 @@ class Engine:
             while not self._closed:
                 if self._tracker.next_probe is not None:
                     self._send_probes()
-                for key, mask in self._selector.select(self._probe_timeout()):
+                for key, mask in self._selector.select(self._select_timeout()):
                     peer = key.data
                     if peer is None:
                         self._on_wake()
+                        continue
+                    if not isinstance(peer, Peer):
+                        self._on_handshake(key)
                         continue
                     if mask & selectors.EVENT_WRITE and peer.dead is None:
                         self._flush(peer)
@@ -435,8 +531,58 @@ class Engine:
                             self._on_readable(peer)
                         if peer.rx_mode == RX_HELD:
                             self._sync_read_interest(peer)
+                if self._incoming:
+                    self._drop_half_open()
         except BaseException as exc:  # never die silently: fail everything pending
             self._crash(exc)
+
+    # --------------------------------------------------------------------------- accepting
+    def _select_timeout(self) -> float:
+        """Sleep until the next probe is due or the next handshake times out."""
+        timeout = self._probe_timeout()
+        if self._incoming:
+            first = min(state.deadline for state in self._incoming.values())
+            timeout = min(timeout, max(0.0, first - time.monotonic()))
+        return timeout
+
+    def _on_handshake(self, key: selectors.SelectorKey) -> None:
+        """Accept a connection on the listener, or read a hello on an accepted one."""
+        assert self._mesh is not None  # only a lazy group registers handshakes
+        if key.data is self._mesh:
+            accepted = self._mesh.accept()
+            if accepted is not None:
+                sock, state = accepted
+                self._incoming[sock] = state
+                self._selector.register(sock, selectors.EVENT_READ, state)
+            return
+        sock = key.fileobj
+        assert isinstance(sock, socket.socket)
+        try:
+            hello = self._mesh.read_hello(sock, key.data)
+        except (HelloError, OSError) as exc:
+            logger.warning("tcp: rank %d refused a connection from %s: %s",
+                           self.rank, peer_name(sock), exc)
+            self._end_handshake(sock)
+            sock.close()
+            return
+        if hello is not None:
+            self._end_handshake(sock)
+            self._links.on_hello(sock, hello)
+
+    def _end_handshake(self, sock: socket.socket) -> None:
+        self._selector.unregister(sock)
+        del self._incoming[sock]
+
+    def _drop_half_open(self) -> None:
+        """Close connections that sent no valid hello within COLLS_HANDSHAKE_TIMEOUT."""
+        now = time.monotonic()
+        for sock, state in list(self._incoming.items()):
+            if state.deadline <= now:
+                logger.warning("tcp: rank %d dropped a half-open connection from %s: no valid "
+                               "hello within %.1f s", self.rank, peer_name(sock),
+                               self._mesh.handshake_s if self._mesh else 0.0)
+                self._end_handshake(sock)
+                sock.close()
 
     def _crash(self, exc: BaseException) -> None:
         logger.exception("tcp: progress thread of rank %d failed", self.rank)
@@ -719,7 +865,7 @@ class Engine:
             if not orderly and self._abrupt is None:
                 self._abrupt = error
             recvs = self._table.remove_from(peer.rank) + self._rx_pending(peer)
-            if not orderly or all(p.dead for p in self._peers.values()):
+            if not orderly or self._all_gone():
                 recvs += self._table.remove_any_source()
         peer.reset_rx()
         log = logger.info if orderly else logger.warning
@@ -740,7 +886,14 @@ class Engine:
     def _release_all(self, *, goodbye: bool) -> list[Any]:
         """Close every connection and return every pending send and receive (after the loop)."""
         pending: list[Any] = []
-        for peer in self._peers.values():
+        self._links.close()
+        for sock in list(self._incoming):
+            sock.close()
+        self._incoming.clear()
+        if self._mesh is not None:
+            self._mesh.close()
+        peers = self._links.snapshot()
+        for peer in peers:
             with peer.send_lock:
                 pending.extend(peer.send_queue)
                 mid_frame = bool(peer.send_queue) and peer.send_queue[0].started
@@ -754,7 +907,7 @@ class Engine:
                     peer.dead = NetworkError(f"tcp: connection to rank {peer.rank} closed")
                     peer.sock.close()
         with self._lock:
-            for peer in self._peers.values():
+            for peer in peers:
                 pending.extend(self._rx_pending(peer))
             pending.extend(self._table.remove_all())
         return pending

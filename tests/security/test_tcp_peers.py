@@ -1,6 +1,6 @@
 """Let no one in, on the tcp backend's peer connections.
 
-The mesh listener binds only the advertised address and is closed once the mesh is built; a
+The peer listener binds only the advertised address and is closed with the group; a
 stranger that connects and says nothing is dropped after COLLS_HANDSHAKE_TIMEOUT while setup goes
 on; with a token every peer connection must pass the HMAC challenge-response, and a rank with
 another token cannot join (a clear error, logged).
@@ -56,17 +56,24 @@ def test_the_listener_binds_only_the_address_it_is_given():
 
 
 @pytest.mark.timeout(60)
-def test_no_port_stays_open_once_the_mesh_is_built():
+def test_one_loopback_listener_per_rank_while_the_group_lives_and_none_after():
     store = HashStore()
     me = psutil.Process()
-    before = {c.laddr for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+    def listening() -> set:
+        return {c.laddr for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+    before = listening()
     backends = run_threads(lambda r: backend(store, r, 3), 3)
     try:
-        after = {c.laddr for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        assert after == before
+        opened = listening() - before  # lazy connections: peers may connect at any time
+        published = {store.get(f"sec/{ADDRESS_KEY.format(rank=r)}").decode() for r in range(3)}
+        assert {f"{a.ip}:{a.port}" for a in opened} == published
+        assert all(a.ip == "127.0.0.1" for a in opened)
         assert _exchange(backends) == [1.0, 2.0, 3.0]
     finally:
         _close_all(backends)
+    assert listening() == before
 
 
 @pytest.mark.timeout(60)
