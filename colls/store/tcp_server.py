@@ -162,6 +162,9 @@ class StoreServer(CommandsMixin, GuardMixin):
         self._waiting: dict[bytes, set[_Waiter]] = {}
         self._deadlines: list[tuple[float, int, _Waiter]] = []
         self._sequence = itertools.count()
+        #: Requests served, per command name (SET, GET, ...): how much traffic a job's
+        #: rendezvous and setup cost (benchmarks/bench_scale.py reads it on the master).
+        self.request_counts: collections.Counter[str] = collections.Counter()
         self._ready: collections.deque[_Connection] = collections.deque()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -320,6 +323,7 @@ class StoreServer(CommandsMixin, GuardMixin):
                     raise ProtocolError(f"unknown command byte {command}")
                 if not conn.established and not self._admit(conn, command):
                     break
+                self.request_counts[Command(command).name] += 1
                 try:
                     handler(conn, fields)
                 except ProtocolError:
