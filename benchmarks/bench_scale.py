@@ -1,0 +1,235 @@
+"""Startup at scale: launch to first barrier, first 4 KiB all_reduce, fds, store requests, RSS.
+
+Re-measures the table of issue 17 with the method of its anchors
+(/work/shared/anchors/scale_colls.py, scale_mpi.py): the clock starts just before ``colls-run``
+(or ``mpiexec``) is started, every rank notes when its first barrier returned and how long its
+first 4 KiB all_reduce took, and rank 0 prints the slowest rank's figures. Added here: the
+descriptors each rank holds, the connections its tcp backend opened, its resident memory (now and
+peak), and the requests the TCPStore server has answered by then (the server runs in rank 0, so
+rank 0 reads its counter), per rank. With ``--subgroups K`` each rank then creates groups of K
+consecutive ranks with :func:`colls.new_group` (every rank calls it for every group, as torch
+requires) and times that and one all_reduce in its own group.
+
+Usage::
+
+    flock /tmp/colls-bench.lock python benchmarks/bench_scale.py --sizes 8 32 64 128 256 \\
+        --mpi 64 128 --subgroups 4 --json scale.json --plot scale.png
+
+One figure line per size; ``--json`` keeps them all, ``--plot`` draws startup against ranks on
+log-log axes with N and N log N guides (matplotlib: the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: Seconds one launch may take before it is killed (256 ranks on two cores start in seconds).
+LAUNCH_TIMEOUT_S = 300
+
+_MPI_WORKER = """
+import os, time, json
+t0 = float(os.environ["T0"])
+from mpi4py import MPI
+import numpy as np
+c = MPI.COMM_WORLD; c.Barrier(); t1 = time.time()
+x = np.ones(1024, np.float32); c.Allreduce(MPI.IN_PLACE, x); t2 = time.time()
+r = c.gather((t1 - t0, t2 - t1, len(os.listdir('/proc/self/fd'))), root=0)
+if c.rank == 0:
+    print("SCALE " + json.dumps({"ranks": c.size, "startup_s": max(a for a, _, _ in r),
+          "first_all_reduce_ms": max(b for _, b, _ in r) * 1e3,
+          "fds_max": max(f for *_, f in r)}), flush=True)
+"""
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def _connections() -> int:
+    """Return how many peers the world group's tcp backend holds connections to."""
+    from colls.registry import REGISTRY
+
+    for group in REGISTRY.groups.values():
+        engine = getattr(group.backend, "_engine", None)
+        if engine is not None and group.size == REGISTRY.world_size:
+            return len(engine.connected_ranks())
+    return -1
+
+
+def _store_requests() -> dict[str, int]:
+    from colls.registry import REGISTRY
+
+    server = getattr(REGISTRY.world_store, "server", None)
+    return dict(server.request_counts) if server is not None else {}
+
+
+def worker(subgroups: int) -> None:
+    """One rank under colls-run: the issue's measurement, then rank 0 prints a SCALE line."""
+    t0 = float(os.environ["T0"])
+    import numpy as np
+
+    import colls
+
+    colls.init_process_group("tcp")
+    colls.barrier()
+    t1 = time.time()
+    x = np.ones(1024, dtype=np.float32)
+    colls.all_reduce(x)
+    t2 = time.time()
+    if x[0] != colls.get_world_size():
+        raise AssertionError(f"all_reduce gave {x[0]}, expected {colls.get_world_size()}")
+    fds = len(os.listdir("/proc/self/fd"))
+    stats = [t1 - t0, t2 - t1, fds, _connections(), _rss_mib(),
+             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
+    size, rank = colls.get_world_size(), colls.get_rank()
+    requests = _store_requests()  # before the gather: the setup's requests only
+    gathered = [np.zeros(len(stats)) for _ in range(size)]
+    colls.all_gather(gathered, np.array(stats, dtype=np.float64))
+    sub = _subgroups(colls, np, subgroups) if subgroups else None
+    if rank == 0:
+        a = np.stack(gathered)
+        total = sum(requests.values())
+        line = {
+            "ranks": size, "startup_s": a[:, 0].max(), "first_all_reduce_ms": a[:, 1].max() * 1e3,
+            "fds_max": int(a[:, 2].max()), "connections_max": int(a[:, 3].max()),
+            "rss_mib_median": float(np.median(a[:, 4])), "maxrss_mib_max": a[:, 5].max(),
+            "store_requests": total, "store_requests_per_rank": total / size,
+            "store_requests_by_command": requests, "subgroups": sub,
+            "load": open("/proc/loadavg").read().split()[:3],
+        }
+        print("SCALE " + json.dumps(line), flush=True)
+    colls.destroy_process_group()
+
+
+def _subgroups(colls, np, k: int) -> dict[str, float]:
+    """Create groups of ``k`` consecutive ranks; return the slowest setup and first all_reduce."""
+    size, rank = colls.get_world_size(), colls.get_rank()
+    colls.barrier()
+    start = time.time()
+    mine = None
+    for first in range(0, size, k):
+        group = colls.new_group(list(range(first, min(first + k, size))))
+        if first <= rank < first + k:
+            mine = group
+    created = time.time()
+    x = np.ones(1024, dtype=np.float32)
+    colls.all_reduce(x, group=mine)
+    done = time.time()
+    if x[0] != min(k, size - rank // k * k):
+        raise AssertionError(f"subgroup all_reduce gave {x[0]}")
+    times = np.array([created - start, done - created, _group_connections(mine)])
+    gathered = [np.zeros(3) for _ in range(size)]
+    colls.all_gather(gathered, times)
+    a = np.stack(gathered)
+    return {"group_size": k, "groups": math.ceil(size / k), "setup_s": a[:, 0].max(),
+            "first_all_reduce_ms": a[:, 1].max() * 1e3, "connections_max": int(a[:, 2].max())}
+
+
+def _group_connections(group) -> int:
+    engine = getattr(group.backend, "_engine", None)
+    return len(engine.connected_ranks()) if engine is not None else 0
+
+
+def _launch(command: list[str], env: dict[str, str]) -> dict:
+    env = {**env, "T0": repr(time.time())}
+    done = subprocess.run(command, env=env, capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("SCALE "):
+            return json.loads(line[len("SCALE "):])
+    raise RuntimeError(f"{command[:4]} exited {done.returncode} without a figure line:\n"
+                       f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+
+
+def drive(args: argparse.Namespace) -> list[dict]:
+    """Launch each size with colls-run (and mpiexec for --mpi); print and return the figures."""
+    env = dict(os.environ)
+    figures = []
+    for n in args.sizes:
+        command = [sys.executable, "-m", "colls.run", "--nproc-per-node", str(n),
+                   str(Path(__file__).resolve()), "--worker", "--subgroups", str(args.subgroups)]
+        line = _launch(command, env) | {"launcher": "colls-run"}
+        print(_describe(line), flush=True)
+        figures.append(line)
+    for n in args.mpi:
+        line = _launch(["mpiexec", "-n", str(n), sys.executable, "-c", _MPI_WORKER],
+                       env) | {"launcher": "mpiexec"}
+        print(_describe(line), flush=True)
+        figures.append(line)
+    return figures
+
+
+def _describe(line: dict) -> str:
+    text = (f"{line['launcher']:9s} N={line['ranks']:4d} startup {line['startup_s']:6.2f} s  "
+            f"first 4 KiB all_reduce {line['first_all_reduce_ms']:7.1f} ms  "
+            f"fds/rank {line['fds_max']:4d}")
+    if line["launcher"] == "colls-run":
+        text += (f"  connections {line['connections_max']:3d}  store requests/rank "
+                 f"{line['store_requests_per_rank']:5.1f}  RSS {line['rss_mib_median']:.0f} MiB"
+                 f"  load {' '.join(line['load'])}")
+        sub = line.get("subgroups")
+        if sub:
+            text += (f"\n          {sub['groups']} groups of {sub['group_size']}: setup "
+                     f"{sub['setup_s']:.2f} s, first all_reduce {sub['first_all_reduce_ms']:.1f}"
+                     f" ms, connections {sub['connections_max']}")
+    return text
+
+
+def plot(figures: list[dict], path: str) -> None:
+    """Draw startup against ranks, log-log, with N and N log N guides through the first point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for launcher in ("colls-run", "mpiexec"):
+        points = sorted((f["ranks"], f["startup_s"]) for f in figures if f["launcher"] == launcher)
+        if points:
+            ax.plot(*zip(*points, strict=True), "o-", label=launcher)
+    base = sorted((f["ranks"], f["startup_s"]) for f in figures if f["launcher"] == "colls-run")
+    if len(base) > 1:
+        n0, t0 = base[1] if base[0][0] < 32 <= base[1][0] else base[0]
+        ns = [n for n, _ in base if n >= n0]
+        ax.plot(ns, [t0 * n / n0 for n in ns], "--", color="grey", label="∝ N")
+        ax.plot(ns, [t0 * n * math.log2(n) / (n0 * math.log2(n0)) for n in ns], ":",
+                color="grey", label="∝ N log N")
+    ax.set(xscale="log", yscale="log", xlabel="ranks (one host)",
+           ylabel="launch to first barrier (s)", title="Startup, slowest rank")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 64, 128, 256])
+    parser.add_argument("--mpi", type=int, nargs="*", default=[])
+    parser.add_argument("--subgroups", type=int, default=0,
+                        help="also create groups of this many ranks and time them (0: no)")
+    parser.add_argument("--json", help="write every figure line to this file")
+    parser.add_argument("--plot", help="write a log-log plot of startup to this file")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.subgroups)
+        return
+    print(f"load before: {open('/proc/loadavg').read().strip()}", flush=True)
+    figures = drive(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+    if args.plot:
+        plot(figures, args.plot)
+
+
+if __name__ == "__main__":
+    main()
