@@ -205,7 +205,9 @@ def buffer(obj: Any, *, arg: str, op: str, writable: bool) -> Buffer:
         kind = buffers.classify(obj)
         pg = getattr(_call, "group", None)
         if pg is not None:
-            _check_served(pg, buffers.kind_device(kind[0]), obj, arg=arg, op=op)
+            device = buffers.KIND_DEVICES[kind[0]]
+            if device not in pg.backend.devices:
+                _check_served(pg, device, obj, arg=arg, op=op)
         buf = buffers.as_buffer(
             obj, writable=writable, arg=arg, op=op, rank=REGISTRY.world_rank, kind=kind
         )

@@ -262,7 +262,8 @@ DLPACK_CUDA: Final = "dlpack-cuda"
 DLPACK_OTHER: Final = "dlpack-other"
 DLPACK_BROKEN: Final = "dlpack-broken"
 BUFFER_PROTOCOL: Final = "buffer"
-_KIND_DEVICES: Final = {
+#: Where the memory of each kind lives ("cpu", "cuda"); None: a device colls does not serve.
+KIND_DEVICES: Final = {
     NDARRAY: "cpu", DLPACK_CPU: "cpu", DLPACK_CUDA: "cuda", BUFFER_PROTOCOL: "cpu",
     DLPACK_OTHER: None, DLPACK_BROKEN: None,
 }  # fmt: skip
@@ -303,12 +304,7 @@ def device_of(obj: Any) -> str | None:
     """
     if isinstance(obj, Buffer):
         return obj.device
-    return kind_device(classify(obj)[0])
-
-
-def kind_device(kind: str) -> str | None:
-    """Return the device ("cpu", "cuda") of objects of ``kind``; None for an unknown one."""
-    return _KIND_DEVICES[kind]
+    return KIND_DEVICES[classify(obj)[0]]
 
 
 def _import_ndarray(
