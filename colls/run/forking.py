@@ -42,6 +42,7 @@ and is used whenever fork does not apply (:func:`use_fork`).
 
 from __future__ import annotations
 
+import _signal  # signal's C module: plain ints in and out (see _python_handled_signals)
 import atexit
 import gc
 import importlib
@@ -226,7 +227,7 @@ def _fork() -> tuple[int, set[signal.Signals]]:
     waits, instead of running the launcher's handler in the child (where it would be lost).
     """
     _flush_std_streams()  # a buffered byte would otherwise be written twice, once by each process
-    handled = [s for s in signal.valid_signals() if callable(signal.getsignal(s))]
+    handled = _python_handled_signals()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     try:
         pid = os.fork()
@@ -236,6 +237,15 @@ def _fork() -> tuple[int, set[signal.Signals]]:
     if pid != 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return pid, mask
+
+
+def _python_handled_signals() -> list[int]:
+    """Return the signals that have a Python-level handler in this process.
+
+    Through ``_signal``: :mod:`signal`'s wrappers turn every number into an enum member, and
+    for the 64 signals of each of hundreds of forks that cost about as much as the forks.
+    """
+    return [s for s in _signal.valid_signals() if callable(_signal.getsignal(s))]
 
 
 def _child_main(
@@ -266,9 +276,8 @@ def _become_worker(env: Mapping[str, str], out_fds: list[int], mask: set[signal.
 
 def _restore_fresh_signal_handlers() -> None:
     """Give back every Python-level handler of the launcher to what a fresh interpreter has."""
-    for signum in signal.valid_signals():
-        handler = signal.getsignal(signum)
-        if callable(handler) and handler is not signal.default_int_handler:
+    for signum in _python_handled_signals():
+        if _signal.getsignal(signum) is not signal.default_int_handler:
             fresh = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
             signal.signal(signum, fresh)
 
