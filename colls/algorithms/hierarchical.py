@@ -29,11 +29,12 @@ not divide, hosts of unequal size) is zero-filled scratch that never reaches a c
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from colls import algorithms as flat
-from colls.algorithms._p2p import Array, Comm, empty_like
+from colls.algorithms._p2p import Array, Comm, chunk_bounds, empty_like
 from colls.algorithms.hosts import HostMap
 
 if TYPE_CHECKING:
@@ -51,10 +52,11 @@ class SubComm:
         ValueError: ``comm.rank`` is not one of ``ranks``.
     """
 
-    def __init__(self, comm: Comm, ranks: tuple[int, ...]) -> None:
+    def __init__(self, comm: Comm, ranks: tuple[int, ...], *, own_scratch: bool = False) -> None:
         if comm.rank not in ranks:
             raise ValueError(f"rank {comm.rank} is not in the sub-group {ranks}")
         self._comm = comm
+        self._own_scratch = own_scratch
         self.ranks = ranks
         self.rank = ranks.index(comm.rank)
         self.world_size = len(ranks)
@@ -81,8 +83,9 @@ class SubComm:
             progress(work)
 
     def scratch(self, like: Array, count: int) -> Array:
-        """Scratch from the parent (its arena when it has one)."""
-        return empty_like(like, count, self._comm)
+        """Scratch from the parent (its arena when it has one), or private memory when this
+        sub-group runs on a thread of its own (``own_scratch``; an arena serves one thread)."""
+        return empty_like(like, count, None if self._own_scratch else self._comm)
 
 
 class Level(Protocol):
@@ -133,21 +136,28 @@ class P2PLevel:
 
 @dataclass(frozen=True)
 class Topology:
-    """What a two-level collective runs on: the group, its host map and this host's level."""
+    """What a two-level collective runs on: the group, its host map and this host's level.
+
+    ``overlap``: the local level may run on this thread while the cross level runs on another
+    (the local level does not share the comm's point-to-point or scratch: shared memory), so a
+    large all_reduce pipelines its pieces (:func:`all_reduce_two_level`).
+    """
 
     comm: Comm
     hosts: HostMap
     local: Level
+    overlap: bool = False
 
     @property
     def host(self) -> int:
         """This rank's host index."""
         return self.hosts.host_of(self.comm.rank)
 
-    def column(self) -> SubComm:
+    def column(self, own_scratch: bool = False) -> SubComm:
         """The ranks of this rank's local index on every host (hosts of equal size)."""
         index = self.local.rank
-        return SubComm(self.comm, tuple(host[index] for host in self.hosts.hosts))
+        return SubComm(self.comm, tuple(host[index] for host in self.hosts.hosts),
+                       own_scratch=own_scratch)
 
     def representatives(self, root_host: int = -1, root: int = -1) -> tuple[int, ...]:
         """One rank per host: ``root`` on host ``root_host``, the lowest rank elsewhere."""
@@ -168,8 +178,40 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 # -- all_reduce ------------------------------------------------------------------------------------
+#: A two_level all_reduce cuts its buffer into pieces of about this many bytes when the topology
+#: allows overlap, so piece i crosses the network while piece i+1 is reduce-scattered and piece
+#: i-1 all-gathered in shared memory (the local steps otherwise add to the network's time).
+PIPELINE_PIECE_BYTES = 4 << 20
+
+
 def all_reduce_two_level(t: Topology, array: Array, op: ReduceSpec, tag: int) -> None:
-    """Local reduce-scatter, all_reduce of each slice within its column, local all-gather."""
+    """Local reduce-scatter, all_reduce of each slice within its column, local all-gather.
+
+    A buffer of two pieces or more (:data:`PIPELINE_PIECE_BYTES`) is reduced piece by piece.
+    With ``t.overlap`` the column all_reduces run on a helper thread, one piece after another,
+    while this thread runs the local steps of the other pieces. The pieces depend only on the
+    size and ``L``, never on ``overlap`` (which differs between a host with shared memory and one
+    without), so every column exchanges the same messages.
+    """
+    pieces = max(1, min(array.nbytes // PIPELINE_PIECE_BYTES, array.size // t.local.size))
+    if pieces > 1 and t.overlap:
+        _Pipeline(t, array, op, tag, pieces).run()
+        return
+    for lo, hi in chunk_bounds(array.size, pieces):
+        _two_level_piece(t, array[lo:hi], op, tag)
+
+
+def _two_level_piece(t: Topology, array: Array, op: ReduceSpec, tag: int) -> None:
+    buf, mine = _split(t, array)
+    t.local.reduce_scatter(mine, buf, op, tag)
+    flat.all_reduce(t.column(), mine, op, tag)
+    t.local.all_gather(buf, mine, tag)
+    if buf is not array:
+        array[...] = buf[: array.size]
+
+
+def _split(t: Topology, array: Array) -> tuple[Array, Array]:
+    """Return (the buffer padded to L equal slices, scratch for this rank's slice)."""
     count, width = array.size, t.local.size
     slice_count = _ceil_div(count, width)
     if count == width * slice_count:
@@ -177,12 +219,58 @@ def all_reduce_two_level(t: Topology, array: Array, op: ReduceSpec, tag: int) ->
     else:
         buf = t.scratch(array, width * slice_count, zero_from=count)
         buf[:count] = array
-    mine = t.scratch(array, slice_count)
-    t.local.reduce_scatter(mine, buf, op, tag)
-    flat.all_reduce(t.column(), mine, op, tag)
-    t.local.all_gather(buf, mine, tag)
-    if buf is not array:
-        array[...] = buf[:count]
+    return buf, t.scratch(array, slice_count)
+
+
+class _Pipeline:
+    """Pieces of a two_level all_reduce: local steps on this thread, column steps on a helper."""
+
+    def __init__(self, t: Topology, array: Array, op: ReduceSpec, tag: int, pieces: int) -> None:
+        self.t, self.op, self.tag = t, op, tag
+        self.views = [array[lo:hi] for lo, hi in chunk_bounds(array.size, pieces)]
+        self.parts = [_split(t, view) for view in self.views]  # scratch taken on this thread
+        self.ready = [threading.Event() for _ in self.views]
+        self.done = [threading.Event() for _ in self.views]
+        self.error: BaseException | None = None
+        self.stop = False
+
+    def _cross(self) -> None:
+        column = self.t.column(own_scratch=True)
+        try:
+            for index, (_, mine) in enumerate(self.parts):
+                self.ready[index].wait()
+                if self.stop:
+                    return
+                flat.all_reduce(column, mine, self.op, self.tag)
+                self.done[index].set()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            self.error = exc
+        finally:
+            for event in self.done:
+                event.set()  # the caller re-checks self.error after every wait
+
+    def run(self) -> None:
+        helper = threading.Thread(target=self._cross, name="colls-two-level", daemon=True)
+        helper.start()
+        try:
+            for index, (buf, mine) in enumerate(self.parts):
+                self.t.local.reduce_scatter(mine, buf, self.op, self.tag)
+                self.ready[index].set()
+            for index, (buf, mine) in enumerate(self.parts):
+                self.done[index].wait()
+                if self.error is not None:
+                    raise self.error
+                self.t.local.all_gather(buf, mine, self.tag)
+                view = self.views[index]
+                if buf is not view:
+                    view[...] = buf[: view.size]
+        finally:
+            self.stop = True
+            for event in self.ready:
+                event.set()
+            helper.join()  # it ends: every wait of its all_reduce is bounded by the timeout
+        if self.error is not None:
+            raise self.error
 
 
 def all_reduce_leader(t: Topology, array: Array, op: ReduceSpec, tag: int) -> None:

@@ -97,10 +97,11 @@ class TcpBackend(Backend):
         if not hosts.two_level:
             return None
         if self._shm is not None:
-            local: hierarchical.Level = ShmLevel(self._shm)
-        else:
-            ranks = hosts.hosts[hosts.host_of(self.rank)]
-            local = hierarchical.P2PLevel(hierarchical.SubComm(self, ranks))
+            # shared memory shares neither the engine nor the scratch arena with the cross
+            # level, so a large all_reduce may overlap the two (hierarchical._Pipeline)
+            return hierarchical.Topology(self, hosts, ShmLevel(self._shm), overlap=True)
+        ranks = hosts.hosts[hosts.host_of(self.rank)]
+        local = hierarchical.P2PLevel(hierarchical.SubComm(self, ranks))
         return hierarchical.Topology(self, hosts, local)
 
     @property

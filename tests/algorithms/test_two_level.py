@@ -170,3 +170,77 @@ def test_sub_comm_refuses_a_rank_outside_it_and_any_source():
     assert (sub.rank, sub.world_size) == (1, 2)
     with pytest.raises(ValueError, match="receives must name their source"):
         sub.irecv(np.zeros(1), None, TAG)
+
+
+@pytest.mark.parametrize("layout", EVEN)
+@pytest.mark.parametrize("count", (41, 64))
+def test_all_reduce_pipelined_over_a_helper_thread(layout, count, monkeypatch):
+    """With overlap, pieces cross on a helper thread while this one runs the local steps."""
+    monkeypatch.setattr(hierarchical, "PIPELINE_PIECE_BYTES", 32)  # 41 or 64 float32: 5-8 pieces
+    hosts = HostMap(layout)
+    n = hosts.world_size
+    inputs = [make("float32", count, r, seed=7) for r in range(n)]
+    reduce_spec = spec("SUM", "float32")
+    expected = reference(reduce_spec, [x.copy() for x in inputs])
+    threads: set[str] = set()
+    real = hierarchical.flat.all_reduce
+
+    def recording(comm, *args):
+        threads.add(hierarchical.threading.current_thread().name)
+        real(comm, *args)
+
+    monkeypatch.setattr(hierarchical.flat, "all_reduce", recording)
+
+    def fn(comm):
+        local = hosts.hosts[hosts.host_of(comm.rank)]
+        level = hierarchical.P2PLevel(hierarchical.SubComm(comm, local))
+        t = hierarchical.Topology(comm, hosts, level, overlap=True)
+        array = inputs[comm.rank].copy()
+        hierarchical.all_reduce_two_level(t, array, reduce_spec, TAG)
+        return array
+
+    results = run(n, fn)
+    for rank, result in enumerate(results):
+        equal(result, expected, f"pipelined all_reduce {layout} count={count} rank {rank}")
+        assert result.tobytes() == results[0].tobytes()
+    assert "colls-two-level" in threads, "the column all_reduces ran on the helper thread"
+
+
+def test_a_failing_column_step_fails_the_pipelined_all_reduce(monkeypatch):
+    monkeypatch.setattr(hierarchical, "PIPELINE_PIECE_BYTES", 32)
+    hosts = HostMap(((0, 1), (2, 3)))
+
+    def broken(comm, *args):
+        raise RuntimeError(f"column step failed on sub-rank {comm.rank}")
+
+    monkeypatch.setattr(hierarchical.flat, "all_reduce", broken)
+
+    def fn(comm):
+        local = hosts.hosts[hosts.host_of(comm.rank)]
+        level = hierarchical.P2PLevel(hierarchical.SubComm(comm, local))
+        t = hierarchical.Topology(comm, hosts, level, overlap=True)
+        hierarchical.all_reduce_two_level(t, np.ones(64, np.float32), spec("SUM", "float32"),
+                                          TAG)
+
+    with pytest.raises(RuntimeError, match="column step failed"):
+        run(4, fn)
+
+
+def test_hosts_with_and_without_overlap_exchange_the_same_pieces(monkeypatch):
+    """One host pipelines (shared memory), the other does not: the columns must still match."""
+    monkeypatch.setattr(hierarchical, "PIPELINE_PIECE_BYTES", 32)
+    hosts = HostMap(((0, 1), (2, 3)))
+    inputs = [make("float32", 70, r, seed=8) for r in range(4)]
+    reduce_spec = spec("SUM", "float32")
+    expected = reference(reduce_spec, [x.copy() for x in inputs])
+
+    def fn(comm):
+        local = hosts.hosts[hosts.host_of(comm.rank)]
+        level = hierarchical.P2PLevel(hierarchical.SubComm(comm, local))
+        t = hierarchical.Topology(comm, hosts, level, overlap=hosts.host_of(comm.rank) == 0)
+        array = inputs[comm.rank].copy()
+        hierarchical.all_reduce_two_level(t, array, reduce_spec, TAG)
+        return array
+
+    for rank, result in enumerate(run(4, fn)):
+        equal(result, expected, f"mixed overlap rank {rank}")

@@ -3,7 +3,7 @@
 ``python mh_worker.py OUT_DIR BACKEND CHECKS`` joins the world with ``BACKEND`` (tcp: env://;
 mpi: the MPI world under mpiexec), runs
 every collective that has a two-level shape against NumPy (all ranks and roots, sizes on both
-sides of COLLS_SMALL_MESSAGE_BYTES), then the named conformance checks of
+sides of COLLS_SMALL_MESSAGE_BYTES, and one of 9 MiB), then the named conformance checks of
 :mod:`colls.testing.conformance` (comma-separated; "-" for none), and writes
 ``OUT_DIR/rank<R>.json`` with its host map and whether it used shared memory (tcp), the
 two-level shapes that ran and the number of cases checked. Any wrong result raises, so the
@@ -76,8 +76,15 @@ def two_level_collectives() -> int:
             colls.broadcast(c, src=root)
             _check(f"broadcast root={root} count={count}", c, xs[root])
         cases += 1 + n
+    # 2 pieces of 4 MiB and a remainder: the pipelined two_level all_reduce (shared memory
+    # on this thread, the column over sockets on a helper thread)
+    big = [np.random.default_rng([5, r]).integers(0, 9, (9 << 20) // 4).astype("float32")
+           for r in range(n)]
+    d = big[rank].copy()
+    colls.all_reduce(d)
+    _check("all_reduce 9 MiB", d, np.sum(np.stack(big), axis=0, dtype="float32"))
     colls.barrier()
-    return cases + 1
+    return cases + 2
 
 
 def _stacked(n: int, count: int, dtype: str, rank: int) -> np.ndarray:
