@@ -94,16 +94,18 @@ class Work:
             CollsTimeoutError: it did not end within ``timeout`` (or the group's default).
             Exception: whatever the operation failed with.
         """
-        limit = seconds(timeout)
-        if limit is None:
-            limit = self.default_timeout
+        self._value(timeout)
+        return True
+
+    def _value(self, timeout: float | datetime.timedelta | None) -> Any:
+        """Wait as :meth:`wait` does and return the operation's value (one look at the future)."""
+        limit = self.default_timeout if timeout is None else seconds(timeout)
         try:
-            self._future.result(timeout=limit)
+            return self._future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
             raise CollsTimeoutError(
                 f"{self.description} did not complete within {limit:.1f} s"
             ) from None
-        return True
 
     def is_completed(self) -> bool:
         """Return True once the operation has ended, successfully or not."""
@@ -125,8 +127,7 @@ class Work:
 
     def result(self) -> Any:
         """Wait and return the operation's value (for recv: the sender's group rank)."""
-        self.wait()
-        return self._future.result()
+        return self._value(None)
 
     def source_rank(self) -> int:
         """Wait and return the sender of a receive (its group rank)."""
