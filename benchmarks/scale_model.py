@@ -19,10 +19,16 @@ reduce-scatter, L column rings across hosts, shared-memory all-gather), marks th
 a full mesh) and the startup. ``--check FILE`` compares the model with the figures of
 benchmarks/bench_scale.py (one host, 8..256 ranks) and prints the ratio, flagging > 25 %.
 
-Startup model, fitted to one host's measurements: launch (fork of a preloaded launcher, per rank
-``c_fork``, the host's ranks sharing its cores) + the store (one server thread answers every
-request, ``t_req`` each, ``q`` requests per rank) + the ring connections (one network α each).
-Across hosts the launchers run in parallel, so only the store term grows with N.
+Startup model: launch (a preloaded launcher forks each rank, ``c_launch`` of a core per rank,
+the host's ranks sharing its cores) + the store (one server thread answers every request,
+``t_req`` each) + the ring connections (one α each). Requests per rank are
+``14 + 2·L`` with L ranks per host: 14 for the rendezvous, the host map and the tcp address
+(O(1)), and two reads per host peer in the shared-memory setup (colls_plugins/tcp/shm_setup.py
+reads each host peer's segment info and answer with one GET each; with one MULTI_GET per list it
+is 19 per rank in all). Across hosts the launchers run in parallel; the store term grows with N.
+The first all_reduce of a new group on one host waits for every rank to run once:
+``αs + N·s_rank/cores``. ``c_launch``, ``t_req`` and ``s_rank`` depend on the host's load, so
+``--check`` fits them on two sizes (32 and 128) of the given figures and checks the others.
 """
 
 from __future__ import annotations
@@ -44,11 +50,11 @@ TRANSPORTS = {
 PER_HOST = 8
 HOSTS = (16, 32, 64, 128, 256, 512, 1024)
 SIZES = {"8 B": 8, "1 MiB": 1 << 20, "256 MiB": 256 << 20}
-#: Startup parameters (fitted to bench_scale on this host; see docs/benchmarks.md "Scale").
-C_FORK = 4e-3  # CPU seconds per forked rank until its init starts (launcher fork + child setup)
-C_INIT = 25e-3  # CPU seconds per rank of init_process_group's own work (no waiting)
-T_REQ = 25e-6  # seconds the store server spends per request
-REQUESTS_PER_RANK = 12  # store requests per rank with lazy connections, shared memory off
+#: Startup parameters: fitted by --check; these defaults are a fit to the figures of
+#: docs/benchmarks.md "Scale" (this 2-core host under a load of about 40).
+PARAMS = {"c_launch": 0.122, "t_req": 72e-6, "s_rank": 3.2e-3}
+#: Store requests per rank that do not depend on the host's size (rendezvous, host map, address).
+FIXED_REQUESTS = 14
 CORES = 2
 
 
@@ -117,13 +123,37 @@ def connections(shape: str, hosts: int) -> int:
     return ring + 2  # two_level: the column ring
 
 
-def startup(ranks: int, hosts: int = 1) -> float:
+def requests(ranks: int, local: int) -> int:
+    """Store requests of a job's startup (``local`` ranks per host; see the module docstring)."""
+    return ranks * (FIXED_REQUESTS + 2 * local)
+
+
+def startup(ranks: int, hosts: int = 1, params: dict[str, float] = PARAMS,
+            cores: int = CORES) -> float:
     """Predicted seconds from launch to the first barrier."""
     local = ranks // hosts
-    launch = local * (C_FORK + C_INIT) / min(CORES if hosts == 1 else PER_HOST, local)
-    store = ranks * REQUESTS_PER_RANK * T_REQ
+    launch = local * params["c_launch"] / min(cores, local)
     alpha = TRANSPORTS["loopback" if hosts == 1 else "1gbit"]["alpha"]
-    return launch + store + 2 * alpha * math.log2(max(ranks, 2))
+    return launch + requests(ranks, local) * params["t_req"] + 2 * alpha
+
+
+def first_all_reduce(ranks: int, params: dict[str, float] = PARAMS) -> float:
+    """Predicted first 4 KiB all_reduce of a new one-host group (every rank must run once)."""
+    return shm_all_reduce(4096, ranks, cores=CORES) + ranks * params["s_rank"] / CORES
+
+
+def fit(figures: list[dict]) -> dict[str, float]:
+    """Fit c_launch and t_req (startup) and s_rank (first all_reduce) on sizes 32 and 128."""
+    by = {f["ranks"]: f for f in figures}
+    a, b = by[32], by[128]
+    # startup = N c / CORES + requests(N, N) t   at the two sizes: two equations, two unknowns
+    m = [[a["ranks"] / CORES, requests(32, 32)], [b["ranks"] / CORES, requests(128, 128)]]
+    y = [a["startup_s"], b["startup_s"]]
+    det = m[0][0] * m[1][1] - m[0][1] * m[1][0]
+    c = (y[0] * m[1][1] - m[0][1] * y[1]) / det
+    t = (m[0][0] * y[1] - m[1][0] * y[0]) / det
+    s_rank = (b["first_all_reduce_ms"] / 1e3 - shm_all_reduce(4096, 128, cores=CORES)) * CORES / 128
+    return {"c_launch": c, "t_req": t, "s_rank": s_rank}
 
 
 def table() -> list[str]:
@@ -151,7 +181,7 @@ def table() -> list[str]:
         lazy = " / ".join(str(connections(s, hosts))
                           for s in ("leader", "two_level", "recursive_doubling"))
         out.append(f"| {hosts} | {n} | {lazy} | {n - 1} | {8 + 2 * math.log2(n):.0f} | "
-                   f"{startup(n, hosts):.2f} |")
+                   f"{startup(n, hosts, cores=PER_HOST):.2f} |")
     return out
 
 
@@ -159,15 +189,19 @@ def check(path: str) -> list[str]:
     """Compare startup and the first 4 KiB all_reduce of bench_scale's figures with the model."""
     with open(path) as f:
         figures = [x for x in json.load(f) if x["launcher"] == "colls-run"]
-    out = ["| ranks | startup measured / model (s) | ratio | first 4 KiB all_reduce "
-           "measured / model (ms) | ratio |", "|---|---|---|---|---|"]
+    params = fit(figures)
+    out = [f"fitted on 32 and 128 ranks: c_launch {params['c_launch'] * 1e3:.1f} ms, t_req "
+           f"{params['t_req'] * 1e6:.0f} us, s_rank {params['s_rank'] * 1e3:.2f} ms\n",
+           "| ranks | store requests measured / model | startup measured / model (s) | ratio | "
+           "first 4 KiB all_reduce measured / model (ms) | ratio |", "|---|---|---|---|---|---|"]
     for fig in figures:
         n = fig["ranks"]
-        s_model = startup(n)
-        a_model = shm_all_reduce(4096, n, cores=CORES)
+        s_model = startup(n, params=params)
+        a_model = first_all_reduce(n, params)
         s_ratio, a_ratio = fig["startup_s"] / s_model, fig["first_all_reduce_ms"] / 1e3 / a_model
         flag = lambda r: f"{r:.2f}" + (" (>25 %)" if abs(r - 1) > 0.25 else "")  # noqa: E731
-        out.append(f"| {n} | {fig['startup_s']:.2f} / {s_model:.2f} | {flag(s_ratio)} | "
+        out.append(f"| {n} | {fig['store_requests']} / {requests(n, n)} | "
+                   f"{fig['startup_s']:.2f} / {s_model:.2f} | {flag(s_ratio)} | "
                    f"{fig['first_all_reduce_ms']:.1f} / {a_model * 1e3:.1f} | {flag(a_ratio)} |")
     return out
 
