@@ -405,36 +405,36 @@ def _guarded(health: GroupHealth, op: str, seq: int, job: Callable[..., Any], *a
 # -- the fast path --------------------------------------------------------------------------------
 #
 # The common call of a latency-bound program (a solver's dot products, a training loop's loss):
-# a synchronous all_reduce of a C-contiguous, writable NumPy array with a built-in op on the
-# default group, or a synchronous barrier there. Everything about such a call except the array's
-# flags and the sequence number is the same from one call to the next, so the general path's
-# work (group resolution, device check, dtype lookup, op check, signature) is done once per
-# group, dtype, shape and op by that very general path, and kept as a plan. A call that is not
-# the common case, or whose plan the general path refused, takes the general path, which then
-# raises its own errors: the fast path never raises an argument error of its own.
+# a synchronous all_reduce or broadcast of a C-contiguous NumPy array (writable where the call
+# writes it) on the default group, with a built-in op, or a synchronous barrier there.
+# Everything about such a call except the array's flags and the sequence number is the same from
+# one call to the next, so the general path's work (group resolution, rank translation, device
+# check, dtype lookup, op check, signature) is done once per group, dtype, shape and op or root
+# by the general path's own functions, and kept as a plan. A call that is not the common case,
+# or whose plan the general path would refuse, takes the general path, which then raises its
+# own errors: the fast path never raises an argument error of its own.
 
 #: Plans one group keeps before it starts over (a program with endless shapes).
 MAX_PLANS = 1024
 
 
 class _Plan:
-    """What one kind of call runs: ``job(array, spec, tag)`` (``job(tag)`` for a barrier)."""
+    """What one kind of call runs: ``job(array, arg, tag)`` (``job(tag)`` for a barrier)."""
 
-    __slots__ = ("signature", "job", "spec", "flat")
+    __slots__ = ("signature", "job", "arg", "flat")
 
-    def __init__(
-        self, signature: int, job: Callable[..., None], spec: ReduceSpec | None, flat: bool
-    ) -> None:
+    def __init__(self, signature: int, job: Callable[..., None], arg: Any, flat: bool) -> None:
         self.signature = signature  #: the tag's signature (colls.fingerprint)
         self.job = job  #: the backend's bound method, or a wrapper adding the op's finish
-        self.spec = spec
+        self.arg = arg  #: the ReduceSpec of an all_reduce, the root of a broadcast
         self.flat = flat  #: whether the caller's array is 1-D already (no reshape needed)
 
 
 class _GroupPlans:
-    """A group's plans: all_reduce per op value, dtype and shape; its barrier."""
+    """A group's plans: all_reduce per op value, dtype and shape; broadcast per root, dtype and
+    shape; its barrier."""
 
-    __slots__ = ("p2p", "usable", "all_reduce", "barrier", "count")
+    __slots__ = ("p2p", "usable", "all_reduce", "broadcast", "barrier", "count")
 
     def __init__(self, pg: ProcessGroup) -> None:
         backend = pg.backend
@@ -450,14 +450,37 @@ class _GroupPlans:
         self.all_reduce: list[dict[Any, dict[tuple[int, ...], _Plan]]] = [
             {} for _ in RedOpType
         ]
+        self.broadcast: dict[int, dict[Any, dict[tuple[int, ...], _Plan]]] = {}
         record = fingerprint.CallRecord("barrier")
         self.barrier = _Plan(record.signature(), backend.barrier, None, True)
         self.count = 0
+
+    def keep(self, table: dict[Any, dict[tuple[int, ...], _Plan]], tensor: np.ndarray,
+             plan: _Plan) -> _Plan:
+        """Store ``plan`` for ``tensor``'s dtype and shape in ``table``; return it."""
+        if self.count >= MAX_PLANS:
+            for by_dtype in (*self.all_reduce, *self.broadcast.values()):
+                by_dtype.clear()
+            self.count = 0
+        table.setdefault(tensor.dtype, {})[tensor.shape] = plan
+        self.count += 1
+        return plan
 
 
 def _group_plans(pg: ProcessGroup) -> _GroupPlans:
     plans = pg.plans = _GroupPlans(pg)
     return plans
+
+
+def _fast_group() -> tuple[ProcessGroup, _GroupPlans] | None:
+    """Return the default group and its plans if its collectives may take the fast path."""
+    pg = REGISTRY.default
+    if pg is None:
+        return None
+    plans = pg.plans or _group_plans(pg)
+    if not plans.usable or pg.health.error is not None:
+        return None  # a broken group: the general path raises its error
+    return pg, plans
 
 
 def _all_reduce_plan(
@@ -471,11 +494,11 @@ def _all_reduce_plan(
         spec = resolve_op(op, dtype, op_name="all_reduce", rank=REGISTRY.world_rank)
     except (TypeError, ValueError):
         return None  # the general path raises it, with its message
+    if spec.kind is RedOpType.PREMUL_SUM:
+        return None  # needs a factor: a bare RedOpType never resolves to it
     record = fingerprint.CallRecord(
         "all_reduce", dtype=dtype.name, shape=tensor.shape, reduce_op=spec.name
     )
-    if spec.kind is RedOpType.PREMUL_SUM:
-        return None  # needs a factor: a bare RedOpType never resolves to it
     job = pg.backend.all_reduce
     if spec.kind is RedOpType.AVG:
         size, backend_all_reduce = pg.size, job
@@ -484,19 +507,25 @@ def _all_reduce_plan(
             backend_all_reduce(array, spec, tag)
             spec.finish(array, size)
 
-    if plans.count >= MAX_PLANS:
-        for by_dtype in plans.all_reduce:
-            by_dtype.clear()
-        plans.count = 0
     plan = _Plan(record.signature(), job, spec, tensor.ndim == 1)
-    plans.all_reduce[op._value_].setdefault(tensor.dtype, {})[tensor.shape] = plan
-    plans.count += 1
-    return plan
+    return plans.keep(plans.all_reduce[op._value_], tensor, plan)
 
 
-def _run_all_reduce(pg: ProcessGroup, plan: _Plan, array: np.ndarray) -> None:
+def _broadcast_plan(
+    pg: ProcessGroup, plans: _GroupPlans, tensor: np.ndarray, root: int
+) -> _Plan | None:
+    """Work out the plan of a broadcast from ``root``, or None for a dtype colls refuses."""
+    dtype = dtypes.known_numpy(tensor.dtype)
+    if dtype is None:
+        return None
+    record = fingerprint.CallRecord("broadcast", dtype=dtype.name, shape=tensor.shape, root=root)
+    plan = _Plan(record.signature(), pg.backend.broadcast, root, tensor.ndim == 1)
+    return plans.keep(plans.broadcast.setdefault(root, {}), tensor, plan)
+
+
+def _run_plan(pg: ProcessGroup, op: str, plan: _Plan, array: np.ndarray) -> None:
     seq = pg.next_sequence()
-    _guarded(pg.health, "all_reduce", seq, plan.job, array, plan.spec,
+    _guarded(pg.health, op, seq, plan.job, array, plan.arg,
              fingerprint.collective_tag(seq, plan.signature))
 
 
@@ -508,12 +537,10 @@ def fast_all_reduce(tensor: Any, op: Any) -> bool:
     """
     if type(tensor) is not np.ndarray or type(op) is not RedOpType:
         return False
-    pg = REGISTRY.default
-    if pg is None:
+    fast = _fast_group()
+    if fast is None:
         return False
-    plans = pg.plans or _group_plans(pg)
-    if not plans.usable or pg.health.error is not None:
-        return False
+    pg, plans = fast
     try:
         plan = plans.all_reduce[op._value_][tensor.dtype][tensor.shape]
     except KeyError:
@@ -524,18 +551,44 @@ def fast_all_reduce(tensor: Any, op: Any) -> bool:
     if not (flags.c_contiguous and flags.writeable):
         return False  # staged or refused by the general path
     return pg.try_run_inline(
-        _run_all_reduce, pg, plan, tensor if plan.flat else tensor.reshape(-1)
+        _run_plan, pg, "all_reduce", plan, tensor if plan.flat else tensor.reshape(-1)
+    )
+
+
+def fast_broadcast(tensor: Any, src: Any) -> bool:
+    """Run ``broadcast(tensor, src)`` on the default group now if it is the common case.
+
+    As :func:`fast_all_reduce`; ``src`` must be an int world rank of the group (in the default
+    group, the group rank). The caller has checked ``group``/``group_src`` None, synchronous.
+    """
+    if type(tensor) is not np.ndarray or type(src) is not int:
+        return False
+    fast = _fast_group()
+    if fast is None:
+        return False
+    pg, plans = fast
+    if not 0 <= src < pg.size:
+        return False
+    try:
+        plan = plans.broadcast[src][tensor.dtype][tensor.shape]
+    except KeyError:
+        plan = _broadcast_plan(pg, plans, tensor, src)
+        if plan is None:
+            return False
+    flags = tensor.flags
+    if not (flags.c_contiguous and (flags.writeable or pg.rank == src)):
+        return False  # staged or refused by the general path (only the root may be read-only)
+    return pg.try_run_inline(
+        _run_plan, pg, "broadcast", plan, tensor if plan.flat else tensor.reshape(-1)
     )
 
 
 def fast_barrier() -> bool:
     """Run ``barrier()`` on the default group now if nothing is queued; False: not run."""
-    pg = REGISTRY.default
-    if pg is None:
+    fast = _fast_group()
+    if fast is None:
         return False
-    plans = pg.plans or _group_plans(pg)
-    if not plans.usable or pg.health.error is not None:
-        return False
+    pg, plans = fast
     return pg.try_run_inline(_run_barrier, pg, plans.barrier)
 
 

@@ -62,6 +62,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank of the group."""
+    if group is None and group_src is None and not async_op and d.fast_broadcast(tensor, src):
+        return None  # the common case, planned once (colls._dispatch, "the fast path")
     pg = d.resolve_group(group)
     if pg is None:
         return None

@@ -1,15 +1,15 @@
 """The fast path and the general path of the core give the same results, tags and errors.
 
-The fast path (``colls._dispatch``, "the fast path") serves a synchronous all_reduce of a
-contiguous, writable NumPy array with a built-in op on the default group, a synchronous barrier
-there, and send/recv of such arrays. Each test sends the same inputs through it and through the
-general path (the same call with ``group=colls.group.WORLD``, or the data behind a DLPack
-producer) and compares what reached the backend, the results and the error messages.
+The fast path (``colls._dispatch``, "the fast path") serves a synchronous all_reduce or
+broadcast of a contiguous NumPy array with a built-in op on the default group, a synchronous
+barrier there, and send/recv of such arrays. Each test sends the same inputs through it and
+through the general path (the same call with ``group=colls.group.WORLD``, or the data behind a
+DLPack producer) and compares what reached the backend, the results and the error messages.
 
 The backend is an in-process stand-in for a world of two ranks whose peer passes the same data:
 its all_reduce combines the array with a copy of itself through colls' own reduction kernels,
-so results are checked against ``ReduceSpec.numpy_reference``; its point-to-point records what
-was sent and fills receives with known bytes.
+so results are checked against ``ReduceSpec.numpy_reference``; its point-to-point and a
+broadcast from the peer record what was sent and fill the receiving array with known bytes.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class MirrorBackend(Backend):
     def all_reduce(self, array: Any, op: Any, tag: int) -> None:
         self.calls.append(("all_reduce", array.shape, op.name, tag))
         op.combine(array, array.copy())
+
+    def broadcast(self, array: Any, root: int, tag: int) -> None:
+        self.calls.append(("broadcast", array.shape, root, tag))
+        if root != self.rank:
+            array.view(np.uint8)[:] = RECEIVED_BYTE
 
     def barrier(self, tag: int) -> None:
         self.calls.append(("barrier", tag))
@@ -239,4 +244,47 @@ def test_broken_group_refuses_on_the_fast_path_with_the_general_error(world) -> 
     with pytest.raises(colls.BackendError) as by_group:
         colls.all_reduce(np.ones(2, np.float32), group=colls.group.WORLD)
     assert str(fast.value) == str(by_group.value)
+    assert backend.calls == []
+
+
+@pytest.mark.parametrize("src", [0, 1])
+def test_broadcast_same_result_and_tag_on_both_paths(world, src) -> None:
+    backend, general = world
+    data = np.arange(6, dtype=np.float64).reshape(2, 3)
+    fast, by_group, by_dlpack = data.copy(), data.copy(), data.copy()
+    colls.broadcast(fast, src=src)
+    assert general == []
+    colls.broadcast(by_group, src=src, group=colls.group.WORLD)
+    colls.broadcast(CtypesDLPackArray(by_dlpack), src=src)
+    assert len(general) == 2
+    expected = data if src == 0 else np.full(12 * 4, RECEIVED_BYTE, np.uint8).view(np.float64)
+    for result in (fast, by_group, by_dlpack):
+        np.testing.assert_array_equal(result.reshape(-1), expected.reshape(-1))
+    assert [c[:3] for c in backend.calls] == [("broadcast", (6,), src)] * 3
+    assert len({_signature(c[3]) for c in backend.calls}) == 1
+    colls.broadcast(data.copy(), src=1 - src)
+    assert _signature(backend.calls[-1][3]) != _signature(backend.calls[0][3])  # root is signed
+
+
+def test_broadcast_root_may_pass_a_read_only_array(world) -> None:
+    backend, general = world
+    colls.broadcast(_read_only(), src=0)
+    assert general == [] and backend.calls[0][:3] == ("broadcast", (4,), 0)
+
+
+@pytest.mark.parametrize(
+    ("make", "src", "expected"),
+    [
+        (_read_only, 1, "is read-only"),
+        (lambda: np.ones(4, np.float32), 2, "src=2 is not a member of group"),
+        (lambda: np.ones(4, np.float32), True, "src must be an int, got bool"),
+        (lambda: np.ones(4, ">f4"), 0, "non-native byte order"),
+    ],
+)
+def test_broadcast_same_errors_on_both_paths(world, make, src, expected) -> None:
+    backend, _general = world
+    fast = _message(lambda: colls.broadcast(make(), src=src))
+    general = _message(lambda: colls.broadcast(make(), src=src, group=colls.group.WORLD))
+    assert fast == general
+    assert expected in fast[1]
     assert backend.calls == []
