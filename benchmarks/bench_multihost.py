@@ -12,6 +12,7 @@ each L ranks per host, one job per implementation measures all_reduce at 1 MiB a
 * ``colls``: the tcp backend, each host its own ``COLLS_HOST_ID`` (two-level all_reduce for
   L > 1, today's ring for L = 1); ``colls-flat``: the same with ``COLLS_ALGORITHM=all_reduce=ring``
   (a flat ring over all ranks, L > 1 only), the baseline the two-level form improves on;
+  ``colls-serial``: two levels without the pipelining of large all_reduces (an A/B, L > 1 only);
 * ``gloo``: torch.distributed's gloo on each host's device (``GLOO_SOCKET_IFNAME``);
 * ``mpi``: mpi4py under MPICH's mpiexec started on host 0 with one hydra proxy per host
   (:meth:`~colls.testing.netns.EmulatedHosts.hydra_args`): MPICH's shared memory inside a host,
@@ -22,7 +23,8 @@ is bench_vs_peers.py's (median over iterations of the per-iteration maximum over
 before each), busbw = bytes / time x 2(N-1)/N. Each row records the load average and the CPU
 other processes used meanwhile. ``report`` prints the table with benchmarks/cost_model.py's
 prediction beside each figure (links at their tbf rate less TCP framing, capped by a TCP probe
-between two hosts measured at the start of each K with no cap).
+between two hosts measured at the start of each K with no cap; colls is modelled with its
+pipelined pieces, colls-serial without).
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ def worker(a: argparse.Namespace) -> None:
     ns = SimpleNamespace(init_method="env://", world_size=int(os.environ.get("WORLD_SIZE", 0)),
                          rank=int(os.environ.get("RANK", 0)), target_s=a.target_s,
                          warmup_s=0.3, min_iters=5, max_iters=200)
-    comm = peers.ADAPTERS[a.impl if a.impl != "colls-flat" else "colls"](ns)
+    if a.impl == "colls-serial":  # two levels without pipelining: one piece whatever the size
+        from colls.algorithms import hierarchical
+
+        hierarchical.PIPELINE_PIECE_BYTES = 1 << 62
+    comm = peers.ADAPTERS["colls" if a.impl.startswith("colls") else a.impl](ns)
     results = []
     for nbytes in a.sizes:
         run, keep = peers.make_op(comm, "all_reduce", nbytes)
@@ -189,7 +195,8 @@ def run(a: argparse.Namespace) -> None:
             for rate in a.rates:
                 hosts.set_rate(rate)
                 for per_host in a.ls:
-                    impls = [i for i in a.impls if i != "colls-flat" or per_host > 1]
+                    impls = [i for i in a.impls
+                             if i not in ("colls-flat", "colls-serial") or per_host > 1]
                     for impl in impls:
                         load0 = os.getloadavg()
                         row = run_job(hosts, impl, per_host, a, port)
@@ -206,7 +213,8 @@ def run(a: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------- report
-MODEL = {"colls": "two_level", "colls-flat": "flat_ring", "gloo": "flat_ring", "mpi": "leader"}
+MODEL = {"colls": "two_level_pipelined", "colls-serial": "two_level", "colls-flat": "flat_ring",
+         "gloo": "flat_ring", "mpi": "leader"}
 
 
 def report(a: argparse.Namespace) -> None:
@@ -238,7 +246,7 @@ def _plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     configs = sorted({(r["rate"], r["k"], r["l"]) for r in rows})
-    impls = ["colls", "colls-flat", "gloo", "mpi"]
+    impls = sorted({r["impl"] for r in rows}, key=list(MODEL).index)
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(impls)
     for j, impl in enumerate(impls):

@@ -137,15 +137,19 @@ def link_bytes_per_s(rate: str, probe: float | None = None) -> float:
 
 
 def predict_multihost(algorithm: str, m: int, hosts: int, per_host: int, link: float,
-                      lim: dict[str, float], cores: int | None = None) -> float:
+                      lim: dict[str, float], cores: int | None = None,
+                      piece: int = 4 << 20) -> float:
     """Model busbw (bytes/s, all_reduce factor 2(N-1)/N) of an m-byte all_reduce over
     ``hosts`` emulated hosts of ``per_host`` ranks, each host's link carrying ``link`` bytes/s
     per direction (shared by all its streams).
 
     ``flat_ring``: one ring over all N ranks; the ring edge that leaves a host carries
     2(N-1)/N m. ``two_level``: shared-memory reduce-scatter and all-gather inside the host, L
-    column rings between hosts; the link carries 2(K-1)/K m. ``leader``: shared-memory reduce
-    to one rank, a ring among the K leaders, shared-memory broadcast (MPICH's SMP-aware form).
+    column rings between hosts; the link carries 2(K-1)/K m. ``two_level_pipelined``: the same
+    in pieces of ``piece`` bytes whose local steps overlap the network, so only one piece's
+    local steps add to the link time (and each piece pays the ring's latencies). ``leader``:
+    shared-memory reduce to one rank, a ring among the K leaders, shared-memory broadcast
+    (MPICH's SMP-aware form).
     Copies and reductions count ``N / cores`` times when the ranks outnumber the cores.
     """
     n, k, local = hosts * per_host, hosts, per_host
@@ -153,15 +157,19 @@ def predict_multihost(algorithm: str, m: int, hosts: int, per_host: int, link: f
     copy, add = lim["copy"] / share, lim["add"] / share
     if algorithm == "flat_ring" or local == 1:
         t = 2 * (n - 1) * NET_ALPHA + 2 * (n - 1) / n * m / link + (n - 1) / n * m / add
-    elif algorithm == "two_level":
-        t = (2 * (k - 1) * NET_ALPHA + 2 * (k - 1) / k * m / link
-             + (2 * local - 1) / local * m / copy + (local - 1) / local * m / add
-             + (k - 1) / k * m / local / add)
+    elif algorithm in ("two_level", "two_level_pipelined"):
+        pieces = max(1, m // piece) if algorithm == "two_level_pipelined" else 1
+        local_steps = ((2 * local - 1) / local * m / copy + (local - 1) / local * m / add
+                       + (k - 1) / k * m / local / add)
+        network = pieces * 2 * (k - 1) * NET_ALPHA + 2 * (k - 1) / k * m / link
+        t = max(network, local_steps) + local_steps / pieces if pieces > 1 else (
+            network + local_steps)
     elif algorithm == "leader":
         t = (2 * (k - 1) * NET_ALPHA + 2 * (k - 1) / k * m / link
              + (local - 1) * m / add + m / copy + (k - 1) / k * m / add)
     else:
-        raise ValueError(f"algorithm must be flat_ring, two_level or leader, got {algorithm!r}")
+        raise ValueError("algorithm must be flat_ring, two_level, two_level_pipelined or leader, "
+                         f"got {algorithm!r}")
     return m * 2 * (n - 1) / n / t
 
 
