@@ -256,8 +256,8 @@ class Engine:
         rank that dies must be seen by someone: its neighbours see its connections drop and
         break the group (colls.health), which every other rank then learns from the store. It
         also makes group creation fail, naming the rank, when a neighbour never comes. Rank
-        ``r`` dials ``r + 1`` and waits for ``r - 1`` (modulo the size; of two ranks, both
-        dial and the tie-break keeps one connection).
+        ``r`` dials ``r - 1`` and waits for ``r + 1`` (modulo the size); of two ranks, rank 1
+        dials and rank 0 waits, so each pair is opened from one side.
 
         Raises:
             CollsTimeoutError: a neighbour did not publish, connect or answer within the group
@@ -268,8 +268,10 @@ class Engine:
             return
         deadline = time.monotonic() + self._timeout
         self._mesh.publish()
-        self._links.connect((self.rank + 1) % self._world_size, deadline)
-        self._links.wait_for((self.rank - 1) % self._world_size, deadline)
+        n = self._world_size
+        if self.rank > 0 or n > 2:
+            self._links.connect((self.rank - 1) % n, deadline)
+        self._links.wait_for((self.rank + 1) % n, deadline)
 
     def connected_ranks(self) -> list[int]:
         """Return the ranks this rank holds a connection to (dead ones included), sorted."""

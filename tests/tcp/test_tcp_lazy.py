@@ -1,4 +1,8 @@
-"""Lazy connections: who connects to whom, simultaneous first contact, peers that never answer."""
+"""Lazy connections: who connects to whom, simultaneous first contact, peers that never answer.
+
+Shared memory is off here: with it, small messages between ranks of one host go through
+shared memory and open no connection at all (colls_plugins/tcp/shm_p2p.py).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,12 @@ from colls_plugins.tcp.engine import Engine
 
 #: Group timeout of the "never answers" tests: the error must come within it (plus slack).
 SHORT = 1.5
+
+
+@pytest.fixture(autouse=True)
+def _sockets_only(monkeypatch):
+    """Keep point-to-point on the sockets: with shared memory, host peers need no connection."""
+    monkeypatch.setenv("COLLS_SHM", "0")
 
 
 def _pairing(backends) -> dict[tuple[int, int], bool]:
@@ -44,7 +54,8 @@ def test_a_new_group_holds_only_its_ring_neighbours(group):
 
 
 @pytest.mark.timeout(60)
-def test_a_send_connects_and_a_receive_waits_for_the_peer_to_connect(group):
+def test_a_send_connects_and_a_receive_waits_for_the_peer_to_connect(group, monkeypatch):
+    monkeypatch.setenv("COLLS_SHM", "0")  # host peers' small messages need no connection
     backends = group(8, name="lazy8")
     out = np.zeros(4)
     receive = backends[5].irecv(out, 1, 3)  # rank 1 has no connection to rank 5 yet
@@ -66,23 +77,52 @@ def test_an_any_source_receive_takes_a_message_from_a_rank_not_yet_connected(gro
     assert receive.wait(WAIT) and receive.result() == 3 and out.tolist() == [7.0, 8.0]
 
 
+def _hold_dials_until_both_are_in_flight(backends, ranks, monkeypatch) -> None:
+    """Make the dials of ``ranks`` wait for each other once connected, before the hello."""
+    meeting = threading.Barrier(len(ranks), timeout=WAIT)
+    for rank in ranks:
+        mesh = backends[rank]._engine._mesh
+        connect = mesh._connect
+
+        def held(peer, deadline, abandon, connect=connect):
+            connected = connect(peer, deadline, abandon)
+            meeting.wait()  # both ranks are now in each other's "dialling" set
+            return connected
+
+        monkeypatch.setattr(mesh, "_connect", held)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("attempt", range(3))
-def test_two_ranks_opening_their_pair_at_once_keep_the_lower_ranks_connection(group, attempt):
-    # In a group of two, each rank dials the other when the group is created: always a race.
-    backends = group(2, name=f"pair{attempt}")
-    assert backends[0]._engine._peers[1].dialed
-    assert not backends[1]._engine._peers[0].dialed
-    assert _pairing(backends) == {(0, 1): True}
-    out = np.zeros(3)
-    receive = backends[1].irecv(out, 0, 1)
-    backends[0].isend(np.array([1.0, 2.0, 3.0]), 1, 1).wait(WAIT)
-    assert receive.wait(WAIT) and receive.result() == 0 and out.tolist() == [1.0, 2.0, 3.0]
+def test_two_ranks_opening_their_pair_at_once_keep_the_lower_ranks_connection(
+    group, monkeypatch, attempt
+):
+    backends = group(4, name=f"pair{attempt}")  # ranks 0 and 2 are not ring neighbours
+    _hold_dials_until_both_are_in_flight(backends, (0, 2), monkeypatch)
+    got = {0: np.zeros(1), 2: np.zeros(1)}
+
+    def exchange(rank: int) -> int:
+        other = 2 - rank
+        receive = backends[rank].irecv(got[rank], other, 1)
+        backends[rank].isend(np.array([rank + 0.5]), other, 1).wait(WAIT)
+        receive.wait(WAIT)
+        return receive.result()
+
+    threads = [threading.Thread(target=exchange, args=(r,)) for r in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert got[0].tolist() == [2.5] and got[2].tolist() == [0.5]
+    assert backends[0]._engine._peers[2].dialed  # rank 0's connection was kept ...
+    assert not backends[2]._engine._peers[0].dialed  # ... and rank 2's declined
+    assert _pairing(backends)[0, 2]
 
 
 @pytest.mark.timeout(90)
-def test_concurrent_first_contact_between_every_pair(group):
+def test_concurrent_first_contact_between_every_pair(group, monkeypatch):
     """Every rank sends to every other at once: one connection per pair, every message intact."""
+    monkeypatch.setenv("COLLS_SHM", "0")  # host peers' small messages need no connection
     n = 7
     backends = group(n, name="all7")
     barrier = threading.Barrier(n)
@@ -117,16 +157,16 @@ def test_creating_a_group_fails_naming_a_neighbour_that_never_answers():
     store = HashStore()
     silent = _silent_listener()
     try:
-        store.set("g/" + ADDRESS_KEY.format(rank=1), b"127.0.0.1:%d" % silent.getsockname()[1])
+        store.set("g/" + ADDRESS_KEY.format(rank=0), b"127.0.0.1:%d" % silent.getsockname()[1])
         from colls_plugins.tcp.backend import TcpBackend
 
         start = time.monotonic()
-        with pytest.raises(CollsTimeoutError) as info:
-            TcpBackend(PrefixStore("g", store), 0, 2, options(2, timeout=SHORT))
+        with pytest.raises(CollsTimeoutError) as info:  # rank 1 dials its ring neighbour 0
+            TcpBackend(PrefixStore("g", store), 1, 2, options(2, timeout=SHORT))
         elapsed = time.monotonic() - start
     finally:
         silent.close()
-    assert "rank 0 of group 'g' could not connect within 1.5 s: no answer from ranks [1]" in str(
+    assert "rank 1 of group 'g' could not connect within 1.5 s: no answer from ranks [0]" in str(
         info.value)
     assert SHORT * 0.9 < elapsed < SHORT + 10
 
@@ -194,10 +234,10 @@ def test_a_duplicate_connection_from_a_connected_rank_is_refused(group, caplog):
     address = backends[0]._engine._mesh.address
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(Hello(2, 3, "dup3", "x:1").encode())  # rank 2 connected to rank 0 already
+        sock.sendall(Hello(1, 3, "dup3", "x:1").encode())  # rank 1 connected to rank 0 already
         sock.settimeout(5)
         assert sock.recv(64) == b""
-    assert "a duplicate connection of rank 2" in caplog.text
+    assert "a duplicate connection of rank 1" in caplog.text
     out = np.zeros(1)
     receive = backends[0].irecv(out, 1, 0)
     backends[1].isend(np.ones(1), 0, 0).wait(WAIT)
