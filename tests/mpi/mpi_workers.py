@@ -327,6 +327,38 @@ def collective_timeout(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+def close_during_collective(rank: int, world_size: int) -> dict[str, Any]:
+    """close() on rank 0 while its collective runs on the group's thread waits for the collective.
+
+    Rank 1 joins the all_reduce a second late, so rank 0's close() finds it running; the
+    communicators are freed only after it completed, and the backend then refuses work.
+    """
+    group = colls.new_group(list(range(world_size)))
+    backend = group.backend
+    out: dict[str, Any] = {}
+    data = np.full(3, float(rank + 1))
+    if rank == 0:
+        work = colls.all_reduce(data, group=group, async_op=True)
+        deadline = time.monotonic() + WAIT_S
+        while not backend._in_collective:  # the group's thread has started the Iallreduce
+            assert time.monotonic() < deadline, "the collective never started"
+            time.sleep(1e-3)
+        backend.close()
+        out["completed_before_close_returned"] = work.is_completed()
+        work.wait(WAIT_S)
+        try:
+            colls.barrier(group=group)
+        except BackendError as exc:
+            out["after"] = str(exc)
+    else:
+        time.sleep(1.0)
+        colls.all_reduce(data, group=group)
+    out["sum"] = data.tolist()
+    colls.barrier()
+    colls.destroy_process_group(group)
+    return out
+
+
 def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
     """CUDA arrays reach MPI only through host copies when MPI is not CUDA-aware.
 

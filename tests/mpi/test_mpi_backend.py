@@ -95,6 +95,14 @@ def test_a_collective_that_times_out_leaves_the_group_refusing_work() -> None:
     assert "all_reduce" in result["after"]
 
 
+def test_close_waits_for_a_collective_running_on_another_thread() -> None:
+    results = run_mpi(w.close_during_collective, 2, timeout=60)
+    first = results[0]
+    assert first["completed_before_close_returned"] is True  # communicators freed after it
+    assert "the backend has been closed" in first["after"]
+    assert [r["sum"] for r in results] == [[3.0, 3.0, 3.0]] * 2
+
+
 def test_cuda_arrays_are_staged_through_host_memory() -> None:
     results = run_mpi(w.staged_device_arrays, 2, timeout=60)
     for rank, result in enumerate(results):
