@@ -6,6 +6,11 @@ returns early), canonicalise ranks (world rank or ``group_*`` rank -> group rank
 import the arrays (device against ``Backend.devices``, dtype, sizes, list lengths, writability),
 check the reduce op, then submit the job in the group's call order and honour ``async_op``.
 Nothing else in colls translates ranks or validates user arguments.
+
+The common latency-bound calls (a synchronous all_reduce, broadcast or barrier on the default
+group, send/recv of plain NumPy arrays) take a fast path at the end of this module that does
+those steps once per kind of call and keeps the result as a plan; anything else, including any
+call the general path would refuse, takes the general path.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Each function reads as the same recipe: resolve the group (non-members get None), canonicalise
 the root, import and check the arrays, check the op, then submit a job that calls the backend on
-contiguous 1-D arrays and writes staged results back. All checking lives in :mod:`colls._dispatch`.
+contiguous 1-D arrays and writes staged results back. All checking lives in :mod:`colls._dispatch`,
+and so does the fast path that all_reduce, broadcast and barrier try first.
 """
 
 from __future__ import annotations

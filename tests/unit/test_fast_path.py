@@ -288,3 +288,16 @@ def test_broadcast_same_errors_on_both_paths(world, make, src, expected) -> None
     assert fast == general
     assert expected in fast[1]
     assert backend.calls == []
+
+
+def test_plans_start_over_past_the_cap(world, monkeypatch) -> None:
+    backend, general = world
+    monkeypatch.setattr(_dispatch, "MAX_PLANS", 4)
+    for n in range(1, 11):  # ten shapes: the group's plans are dropped and rebuilt
+        data = np.arange(n, dtype=np.float32)
+        colls.all_reduce(data)
+        np.testing.assert_array_equal(data, 2 * np.arange(n, dtype=np.float32))
+    plans = _dispatch.default_group().plans
+    assert 1 <= plans.count <= 4
+    assert general == []
+    assert len({_signature(c[3]) for c in backend.calls}) == 10  # each shape signs its tag
