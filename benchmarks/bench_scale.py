@@ -54,6 +54,17 @@ def _rss_mib() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
+def _sockets() -> int:
+    """Return how many of this process's descriptors are sockets."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            pass
+    return count
+
+
 def _connections() -> int:
     """Return how many peers the world group's tcp backend holds connections to."""
     from colls.registry import REGISTRY
@@ -89,7 +100,7 @@ def worker(subgroups: int) -> None:
         raise AssertionError(f"all_reduce gave {x[0]}, expected {colls.get_world_size()}")
     fds = len(os.listdir("/proc/self/fd"))
     stats = [t1 - t0, t2 - t1, fds, _connections(), _rss_mib(),
-             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
+             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, _sockets()]
     size, rank = colls.get_world_size(), colls.get_rank()
     requests = _store_requests()  # before the gather: the setup's requests only
     gathered = [np.zeros(len(stats)) for _ in range(size)]
@@ -100,7 +111,10 @@ def worker(subgroups: int) -> None:
         total = sum(requests.values())
         line = {
             "ranks": size, "startup_s": a[:, 0].max(), "first_all_reduce_ms": a[:, 1].max() * 1e3,
-            "fds_max": int(a[:, 2].max()), "connections_max": int(a[:, 3].max()),
+            # rank 0 also hosts the store server, one socket per client: counted apart
+            "fds_max": int(a[:, 2].max()), "sockets_max": int(a[1:, 6].max(initial=0)),
+            "sockets_rank0": int(a[0, 6]),
+            "connections_max": int(a[:, 3].max()),
             "rss_mib_median": float(np.median(a[:, 4])), "maxrss_mib_max": a[:, 5].max(),
             "store_requests": total, "store_requests_per_rank": total / size,
             "store_requests_by_command": requests, "subgroups": sub,
@@ -173,7 +187,9 @@ def _describe(line: dict) -> str:
             f"first 4 KiB all_reduce {line['first_all_reduce_ms']:7.1f} ms  "
             f"fds/rank {line['fds_max']:4d}")
     if line["launcher"] == "colls-run":
-        text += (f"  connections {line['connections_max']:3d}  store requests/rank "
+        text += (f" (sockets {line['sockets_max']}, rank 0 {line['sockets_rank0']})"
+                 f"  connections {line['connections_max']:3d}"
+                 f"  store requests/rank "
                  f"{line['store_requests_per_rank']:5.1f}  RSS {line['rss_mib_median']:.0f} MiB"
                  f"  load {' '.join(line['load'])}")
         sub = line.get("subgroups")
