@@ -160,8 +160,9 @@ def _launch(command: list[str], env: dict[str, str]) -> dict:
     for line in done.stdout.splitlines():
         if line.startswith("SCALE "):
             return json.loads(line[len("SCALE "):])
+    # colls-run names the first failing rank and its traceback first, then every rank it stopped
     raise RuntimeError(f"{command[:4]} exited {done.returncode} without a figure line:\n"
-                       f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+                       f"{done.stdout[-2000:]}\n{done.stderr[:6000]}")
 
 
 def drive(args: argparse.Namespace) -> list[dict]:
