@@ -2,8 +2,8 @@
 
 Each function reads as the same recipe: resolve the group (non-members get None), canonicalise
 the root, import and check the arrays, check the op, then submit a job that calls the backend on
-contiguous 1-D arrays and writes staged results back. All checking lives in :mod:`colls._dispatch`,
-and so does the fast path that all_reduce, broadcast and barrier try first.
+contiguous 1-D arrays and writes staged results back. All checking lives in :mod:`colls._dispatch`;
+all_reduce, broadcast and barrier first try :mod:`colls._fast_path`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from colls import _dispatch as d
+from colls import _fast_path as fast
 from colls import algorithms, buffers
 from colls.buffers import Buffer
 from colls.reduce_ops import ReduceOp
@@ -43,8 +44,8 @@ def _concat(bufs: list[Buffer]) -> np.ndarray:
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
                ) -> Work | None:
     """Reduce ``tensor`` across the group, in place; every rank gets the result."""
-    if group is None and not async_op and d.fast_all_reduce(tensor, op):
-        return None  # the common case, planned once (colls._dispatch, "the fast path")
+    if group is None and not async_op and fast.all_reduce(tensor, op):
+        return None  # the common case, planned once (colls._fast_path)
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -63,8 +64,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank of the group."""
-    if group is None and group_src is None and not async_op and d.fast_broadcast(tensor, src):
-        return None  # the common case, planned once (colls._dispatch, "the fast path")
+    if group is None and group_src is None and not async_op and fast.broadcast(tensor, src):
+        return None  # the common case, planned once (colls._fast_path)
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -317,7 +318,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     the group's timeout does. The two paths exchange different messages: every rank of one
     barrier must pass a timeout, or none.
     """
-    if group is None and not async_op and timeout is None and d.fast_barrier():
+    if group is None and not async_op and timeout is None and fast.barrier():
         return None
     pg = d.resolve_group(group)
     if pg is None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from colls import _dispatch as d
+from colls import _fast_path as fast
 from colls.work import Work, chain
 
 
@@ -17,8 +18,8 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to rank ``dst``; return a Work (None for non-members)."""
     if group is None and group_dst is None:
-        ready = d.fast_peer(tensor, dst, tag, writable=False)
-        if ready is not None:  # the common case (colls._dispatch, "the fast path")
+        ready = fast.peer(tensor, dst, tag, writable=False)
+        if ready is not None:  # the common case (colls._fast_path)
             return ready[0].backend.isend(ready[1], dst, tag)
     pg = d.resolve_group(group)
     if pg is None:
@@ -38,8 +39,8 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     The Work's ``source_rank()`` is the sender's group rank, as in torch.
     """
     if group is None and group_src is None:
-        ready = d.fast_peer(tensor, src, tag, writable=True)
-        if ready is not None:  # the common case (colls._dispatch, "the fast path")
+        ready = fast.peer(tensor, src, tag, writable=True)
+        if ready is not None:  # the common case (colls._fast_path)
             return ready[0].backend.irecv(ready[1], src, tag)
     pg = d.resolve_group(group)
     if pg is None:

@@ -1,6 +1,6 @@
 """The fast path and the general path of the core give the same results, tags and errors.
 
-The fast path (``colls._dispatch``, "the fast path") serves a synchronous all_reduce or
+The fast path (:mod:`colls._fast_path`) serves a synchronous all_reduce or
 broadcast of a contiguous NumPy array with a built-in op on the default group, a synchronous
 barrier there, and send/recv of such arrays. Each test sends the same inputs through it and
 through the general path (the same call with ``group=colls.group.WORLD``, or the data behind a
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import colls
-from colls import _dispatch, fingerprint, plugin_manager
+from colls import _dispatch, _fast_path, fingerprint, plugin_manager
 from colls.backend import Backend, BackendSpec
 from colls.hookspecs import hookimpl
 from colls.reduce_ops import ReduceOp, resolve_op
@@ -292,7 +292,7 @@ def test_broadcast_same_errors_on_both_paths(world, make, src, expected) -> None
 
 def test_plans_start_over_past_the_cap(world, monkeypatch) -> None:
     backend, general = world
-    monkeypatch.setattr(_dispatch, "MAX_PLANS", 4)
+    monkeypatch.setattr(_fast_path, "MAX_PLANS", 4)
     for n in range(1, 11):  # ten shapes: the group's plans are dropped and rebuilt
         data = np.arange(n, dtype=np.float32)
         colls.all_reduce(data)
