@@ -17,5 +17,6 @@ def _available() -> str | None:
 
 @hookimpl
 def colls_backends() -> list[BackendSpec]:
-    """Return the tcp backend's spec: CPU arrays, always available."""
-    return [BackendSpec(name="tcp", devices=("cpu",), create=TcpBackend, available=_available)]
+    """Return the tcp backend's spec: CPU arrays, and CUDA arrays staged through the host."""
+    return [BackendSpec(name="tcp", devices=("cpu", "cuda"), create=TcpBackend,
+                        available=_available)]

@@ -1,14 +1,44 @@
-"""Ranks of the device-check tests: point-to-point with a CUDA-reporting array over tcp."""
+"""The host-only backend of the device-check tests, and their point-to-point ranks.
+
+tcp moves CUDA arrays (it stages them through the host), so the core's refusal of a device a
+backend does not serve is shown on ``hostonly``: the tcp backend declaring ``devices = ("cpu",)``,
+as a third-party backend that moves only host memory would.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
 
 import colls
 from colls import _dlpack_ctypes as dlc
+from colls import plugin_manager
+from colls.backend import BackendSpec
+from colls.hookspecs import hookimpl
 from colls.testing.arrays import CtypesDLPackArray
+from colls_plugins.tcp.backend import TcpBackend
+
+HOST_ONLY = "hostonly"
+
+
+class HostOnlyBackend(TcpBackend):
+    """The tcp backend, declaring that it moves host memory only."""
+
+    devices = ("cpu",)
+
+
+class HostOnlyPlugin:
+    @hookimpl
+    def colls_backends(self) -> list[BackendSpec]:
+        return [BackendSpec(name=HOST_ONLY, devices=("cpu",), create=HostOnlyBackend)]
+
+
+def register_host_only() -> None:
+    """Make ``hostonly`` a backend name in this process (once)."""
+    with contextlib.suppress(ValueError):  # already registered
+        plugin_manager.register_plugin(HostOnlyPlugin(), name=HOST_ONLY)
 
 
 def p2p_refusals(rank: int, world_size: int) -> list[str]:
@@ -17,6 +47,8 @@ def p2p_refusals(rank: int, world_size: int) -> list[str]:
     CuPy is blocked (``sys.modules["cupy"] = None``): the refusal must not need it.
     """
     sys.modules["cupy"] = None  # type: ignore[assignment]
+    register_host_only()
+    colls.init_process_group(HOST_ONLY)
     peer = 1 - rank
     host = np.arange(4, dtype=np.float32)
     cuda = CtypesDLPackArray(host, device_type=dlc.KDL_CUDA)
@@ -37,7 +69,7 @@ def p2p_refusals(rank: int, world_size: int) -> list[str]:
         except TypeError as exc:
             messages.append(f"{name}: {exc}")
         else:
-            raise AssertionError(f"{name} accepted a CUDA array on tcp")
+            raise AssertionError(f"{name} accepted a CUDA array on {HOST_ONLY}")
     assert np.array_equal(host, np.arange(4, dtype=np.float32)), "a refused call wrote"
     # Nothing was sent: the next message between the two ranks is this one.
     value = np.full(3, 7.0 + rank)
@@ -49,4 +81,5 @@ def p2p_refusals(rank: int, world_size: int) -> list[str]:
         colls.recv(got, src=0)
         colls.send(value, dst=0)
     assert np.array_equal(got, np.full(3, 7.0 + peer)), got
+    colls.destroy_process_group()
     return messages

@@ -4,7 +4,8 @@
 point-to-point, functional, multigpu) checks each array's DLPack device against the group's
 backend first. The arrays here are the ctypes DLPack producer announcing kDLCUDA over host memory,
 and CuPy is blocked, so the refusal is shown to need no CuPy and to happen before the array is
-imported: the messages name the op, the argument, the rank, the device and the backend.
+imported: the messages name the op, the argument, the rank, the device and the backend. The backend
+is ``hostonly`` (device_workers: tcp declaring only "cpu"), since tcp itself stages CUDA arrays.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from device_workers import p2p_refusals
+from device_workers import HOST_ONLY, p2p_refusals, register_host_only
 
 import colls
 from colls import _dlpack_ctypes as dlc
-from colls import buffers
+from colls import buffers, plugin_manager
 from colls.store import HashStore
 from colls.testing.arrays import CtypesDLPackArray
 from colls.testing.spawn import spawn
@@ -32,13 +33,15 @@ WORLD_OF_ONE = 1
 
 @pytest.fixture
 def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A tcp world of one process, with CuPy made unimportable."""
+    """A host-only world of one process, with CuPy made unimportable."""
     monkeypatch.setitem(sys.modules, "cupy", None)
-    colls.init_process_group("tcp", store=HashStore(), rank=0, world_size=WORLD_OF_ONE)
+    register_host_only()
+    colls.init_process_group(HOST_ONLY, store=HashStore(), rank=0, world_size=WORLD_OF_ONE)
     try:
         yield
     finally:
         colls.destroy_process_group()
+        plugin_manager.unregister_plugin(HOST_ONLY)
 
 
 def _cuda(values: np.ndarray) -> CtypesDLPackArray:
@@ -104,7 +107,7 @@ def test_cuda_array_is_refused_by_a_cpu_backend(world_of_one, op, mode):
         call(_cuda(host), other, {"async_op": True} if mode == "async" else {})
     message = str(info.value)
     assert message.startswith(f"{op} on rank 0: argument '{arg}' is a cuda array "), message
-    assert "backend 'tcp' of group 'default_pg' moves only cpu arrays" in message, message
+    assert "backend 'hostonly' of group 'default_pg' moves only cpu arrays" in message, message
     assert np.array_equal(host, _host()) and np.array_equal(other, _host()), "a refused call wrote"
     check = np.ones(2)
     colls.all_reduce(check)  # the group is not broken: the refusal moved nothing
@@ -138,12 +141,12 @@ def test_an_unknown_device_keeps_the_import_error(world_of_one):
         colls.all_reduce(rocm)
 
 
-def test_point_to_point_refuses_cuda_arrays_on_tcp():
-    for rank, messages in enumerate(spawn(p2p_refusals, 2, timeout=90)):
+def test_point_to_point_refuses_cuda_arrays_on_a_cpu_backend():
+    for rank, messages in enumerate(spawn(p2p_refusals, 2, backend=None, timeout=90)):
         names = [m.split(":", 1)[0] for m in messages]
         assert names == ["isend", "irecv", "send", "recv", "recv_any", "batch_isend_irecv"]
         for message in messages:
             body = message.split(": ", 1)[1]
             assert re.match(rf"(isend|irecv) on rank {rank}: argument 'tensor' is a cuda array",
                             body), body
-            assert "backend 'tcp' of group 'default_pg' moves only cpu arrays" in body, body
+            assert "backend 'hostonly' of group 'default_pg' moves only cpu arrays" in body, body

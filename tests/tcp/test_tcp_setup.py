@@ -33,7 +33,7 @@ class _FakePrefix:
 
 def test_plugin_declares_the_tcp_backend():
     (spec,) = plugin.colls_backends()
-    assert (spec.name, spec.devices, spec.create) == ("tcp", ("cpu",), TcpBackend)
+    assert (spec.name, spec.devices, spec.create) == ("tcp", ("cpu", "cuda"), TcpBackend)
     assert spec.available() is None
 
 
