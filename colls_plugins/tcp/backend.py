@@ -3,8 +3,9 @@
 The constructor builds the connection mesh through the group's store (blocking until every rank
 has joined, bounded by ``options.timeout``), starts the progress engine, agrees on the group's
 host map and maps shared memory among the ranks of this host (:mod:`~colls_plugins.tcp.shm_setup`).
-Point-to-point goes to the engine. all_reduce, broadcast, reduce, all_gather, reduce_scatter and
-barrier run:
+Point-to-point goes to the engine (small messages between ranks of this host through shared
+memory, :mod:`~colls_plugins.tcp.shm_p2p`). all_reduce, broadcast, reduce, all_gather,
+reduce_scatter and barrier run:
 
 * on a group within one host: through :mod:`~colls_plugins.tcp.shm_collectives` when shared
   memory is up, else through :mod:`colls.algorithms` over ``isend``/``irecv``;
@@ -33,6 +34,7 @@ from colls_plugins.tcp.connections import Mesh
 from colls_plugins.tcp.engine import Engine
 from colls_plugins.tcp.shm import ShmGroup
 from colls_plugins.tcp.shm_level import ShmLevel
+from colls_plugins.tcp.shm_p2p import Channels
 from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:
@@ -89,6 +91,9 @@ class TcpBackend(Backend):
             raise
         self._hosts: HostMap = found.hosts
         self._shm: ShmGroup | None = found.shm
+        if self._shm is not None and Channels.available(self._shm):  # p2p with host peers
+            local = found.hosts.hosts[found.hosts.host_of(rank)]
+            self._engine.use_shm(Channels(self._shm, local))
         self._topology = self._two_level_topology()
 
     def _two_level_topology(self) -> hierarchical.Topology | None:

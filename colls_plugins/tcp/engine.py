@@ -37,6 +37,12 @@ pending receive from it and (unless the peer left in an orderly way) every pendi
 receive; later operations with a dead peer fail at once. An exception escaping the progress loop
 fails all pending work. :meth:`Engine.close` fails whatever is still pending with
 ``BackendError("tcp backend closed")``.
+
+Host peers: once the backend's shared memory is up (:meth:`Engine.use_shm`), small messages to
+and from the ranks of this host go through rings in shared memory
+(:mod:`colls_plugins.tcp.shm_p2p`, which also explains how the order of messages that take
+different transports is kept); the engine matches their entries in the same table, under the
+same lock.
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ from colls_plugins.tcp._mismatch import (
 )
 from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, RX_HELD, Peer, SendOp, consume, gather
 from colls_plugins.tcp.connections import Connection, Incoming, Mesh, peer_name
+from colls_plugins.tcp.shm_p2p import (
+    TICK_LINGER_SECONDS,
+    TICK_SECONDS,
+    Channel,
+    Channels,
+    PollingFuture,
+)
 
 logger = logging.getLogger("colls.tcp")
 
@@ -144,6 +157,11 @@ class Engine:
         self._scratch: memoryview | None = None
         self._max_message = int(env.get("COLLS_MAX_MESSAGE_BYTES"))
         self._thread: threading.Thread | None = None
+        self._channels: dict[int, Channel] = {}  # host peers reached through shared memory
+        self._channel_list: list[Channel] = []
+        self._shm_group: Any = None  # the host's ShmGroup once use_shm ran
+        self._long_sleep = False  # the progress thread sleeps without looking at the rings
+        self._ring_post_at = 0.0  # when a receive a ring may complete was last posted
         if self._world_size == 1:
             return  # a group of one: local delivery only, no sockets, no thread
         self._wake_lock = threading.Lock()
@@ -175,6 +193,23 @@ class Engine:
         work = Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
         if dst == self.rank:
             return self._send_local(work, view, tag)
+        channel = self._channels.get(dst)
+        if channel is None:
+            return self._send_socket(work, view, dst, tag, array)
+        with channel.send_lock:  # the ring and the socket count stay in send order
+            peer = self._peers.get(dst)
+            if (
+                self._refusal() is None and (peer is None or peer.dead is None)
+                and channel.try_send(view, tag)
+            ):
+                work.set_result(None)
+                return work
+            channel.sockets_sent += 1
+            return self._send_socket(work, view, dst, tag, array)
+
+    def _send_socket(self, work: Work, view: memoryview, dst: int, tag: int, array: Any
+                     ) -> Work:
+        """Send over ``dst``'s connection (opened now if needed)."""
         peer = self._peers.get(dst)
         if peer is None:
             try:
@@ -212,16 +247,25 @@ class Engine:
         """Start receiving into ``array`` from ``src`` (None: any); the result is the sender."""
         view = byte_view(array, name="array", writable=True)
         origin = "any rank" if src is None else f"rank {src}"
-        work = Work(description=f"tcp recv from {origin} tag {tag}", default_timeout=self._timeout)
+        description = f"tcp recv from {origin} tag {tag}"
+        rings = self._rings_for(src)
+        future = PollingFuture(self.poll_rings, self._shm_group) if rings else None
+        work = Work(future, description=description, default_timeout=self._timeout)
         op = RecvOp(work, view, src, tag)
         bound = False
         released: Sequence[Peer] = ()
+        done: list[tuple[RecvOp, Any]] = []
         with self._lock:
             refusal = self._refusal()
+            if refusal is None:  # ring entries before anything this receive could take
+                for channel in rings:
+                    self._drain(channel, done, force=True)
             message = None if refusal else self._table.take_unexpected(src, tag)
             if refusal is None and message is None and self._held:
                 bound, released = self._release_held(op)
                 if not bound:  # a held message turned unexpected may be the one
+                    for channel in rings:  # or a ring entry that waited for it
+                        self._drain(channel, done, force=True)
                     message = self._table.take_unexpected(src, tag)
             if refusal is None and message is None and not bound:
                 refusal = self._recv_refusal(src)
@@ -243,11 +287,101 @@ class Engine:
                     refusal = self._size_error(op, message.src, len(message.buffer))
         for peer in released:
             self._sync_read_interest(peer)
+        if rings:
+            self._ring_post_at = time.monotonic()
+            if self._long_sleep:  # read after posting: see _select_timeout
+                self._wake()
+        self._finish(done)
         if refusal is not None:
             work.set_exception(refusal)
         elif message is not None:
             self._complete_from(op, message)
         return work
+
+    # --------------------------------------------------------------------------- host peers
+    def use_shm(self, channels: Channels) -> None:
+        """Send to and receive from the host peers in ``channels`` through shared memory.
+
+        Called once, right after the backend mapped the host's memory and before any
+        point-to-point call.
+        """
+        self._channels = dict(channels.by_rank)
+        self._channel_list = list(channels.all)
+        self._shm_group = channels.group
+        self._long_sleep = True  # the thread went to sleep before it had rings to look at
+
+    def _rings_for(self, src: int | None) -> list[Channel]:
+        """Return the rings a receive from ``src`` (None: any rank) may take a message from."""
+        if src is None:
+            return self._channel_list
+        channel = self._channels.get(src)
+        return [channel] if channel is not None else []
+
+    def _drain(self, channel: Channel, done: list[tuple[RecvOp, Any]], *, force: bool) -> None:
+        """Move ``channel``'s ring entries into the match table, in order (lock held).
+
+        An entry waits while socket messages sent before it are still to come. An entry no
+        receive takes becomes unexpected; without ``force`` only while the unexpected bytes stay
+        under MAX_UNEXPECTED_BYTES (it waits in the ring otherwise, which bounds it). ``force``:
+        a receive is being posted, or a socket message behind these entries is being matched.
+        Completions (op, source rank or exception) are appended to ``done`` for after the lock.
+        """
+        src = channel.rank
+        while True:
+            entry = channel.peek()
+            if entry is None:
+                return
+            tag, nbytes, before = entry
+            if before > channel.sockets_received:
+                return
+            op = self._table.match_arrival(src, tag)
+            if op is None and not force:
+                buffered = self._table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
+                if buffered > MAX_UNEXPECTED_BYTES:
+                    return
+            stale, conflict = self._tracker.on_arrival(src, tag, op is not None, self._table)
+            for stale_op in stale:  # a receive this message proves can never match
+                done.append((stale_op, BackendError(f"{stale_op.work.description}: {conflict}")))
+            payload = channel.payload(nbytes)
+            if op is None:
+                message = self._table.add_unexpected(src, tag, nbytes)
+                copy_bytes(message.buffer, payload)
+                message.done = True
+            elif op.view.nbytes != nbytes:
+                done.append((op, self._size_error(op, src, nbytes)))
+            else:
+                copy_bytes(op.view, payload)
+                done.append((op, src))
+            payload.release()
+            channel.pop(nbytes)
+
+    def poll_rings(self) -> bool:
+        """Move what the host peers' rings hold into the match table (any thread).
+
+        Returns whether some receive completed.
+        """
+        if self._closed:
+            return False
+        news = [channel for channel in self._channel_list if channel.has_news()]
+        if not news:
+            return False
+        done: list[tuple[RecvOp, Any]] = []
+        with self._lock:
+            if self._refusal() is not None:
+                return False
+            for channel in news:
+                self._drain(channel, done, force=False)
+        self._finish(done)
+        return bool(done)
+
+    @staticmethod
+    def _finish(done: list[tuple[RecvOp, Any]]) -> None:
+        """Complete the receives :meth:`_drain` matched (no lock held)."""
+        for op, value in done:
+            if isinstance(value, BaseException):
+                op.work.set_exception(value)
+            else:
+                op.work.set_result(value)
 
     def join(self) -> None:
         """Publish this rank's address and connect to its two ring neighbours (blocking).
@@ -535,6 +669,8 @@ class Engine:
                             self._sync_read_interest(peer)
                 if self._incoming:
                     self._drop_half_open()
+                if self._channel_list:
+                    self.poll_rings()
         except BaseException as exc:  # never die silently: fail everything pending
             self._crash(exc)
 
@@ -542,6 +678,15 @@ class Engine:
     def _select_timeout(self) -> float:
         """Sleep until the next probe is due or the next handshake times out."""
         timeout = self._probe_timeout()
+        if self._channel_list:
+            # Set before looking at the table: a receive posted after the look sees the flag
+            # and wakes the thread. Ticking lingers after the last receive so that a stream of
+            # receives does not wake the thread once each.
+            self._long_sleep = True
+            now = time.monotonic()
+            if self._table.posted_count() or now - self._ring_post_at < TICK_LINGER_SECONDS:
+                self._long_sleep = False
+                timeout = min(timeout, TICK_SECONDS)  # a ring entry wakes no one: look
         if self._incoming:
             first = min(state.deadline for state in self._incoming.values())
             timeout = min(timeout, max(0.0, first - time.monotonic()))
@@ -674,6 +819,9 @@ class Engine:
                 target = memoryview(peer.rx_msg.buffer)
             peer.rx_view, peer.rx_pos = target, 0
             peer.rx_mode = RX_BODY  # last: a reader checks the mode without the lock
+            channel = self._channels.get(peer.rank)
+            if channel is not None:  # it reached the table: ring entries behind it may follow
+                channel.sockets_received += 1
         return bound, peers
 
     def _flush(self, peer: Peer) -> None:
@@ -723,7 +871,10 @@ class Engine:
         peers = list(self._peers.values())
         deadline = time.perf_counter() + seconds
         polls = 0
+        rings = bool(self._channel_list)
         while not work.is_completed():
+            if rings:
+                self.poll_rings()
             if self._rx_lock.acquire(blocking=False):
                 try:
                     for peer in peers:
@@ -804,13 +955,19 @@ class Engine:
     def _start_body(self, peer: Peer, tag: int, nbytes: int) -> None:
         """Route the body of a message whose header just arrived."""
         mismatched = None
+        channel = self._channels.get(peer.rank)
+        done: list[tuple[RecvOp, Any]] = []
         with self._lock:
+            if channel is not None:  # ring entries sent before this message come first
+                self._drain(channel, done, force=True)
             op = self._table.match_arrival(peer.rank, tag)
             stale, conflict = self._tracker.on_arrival(peer.rank, tag, op is not None, self._table)
-            if op is None and not stale and self._must_hold(peer.rank, nbytes):
+            hold = op is None and not stale and self._must_hold(peer.rank, nbytes)
+            if channel is not None and not hold:  # in the table: ring entries behind may follow
+                channel.sockets_received += 1
+            if hold:
                 self._hold(peer, tag, nbytes)
-                return
-            if op is None:
+            elif op is None:
                 peer.rx_msg = self._table.add_unexpected(peer.rank, tag, nbytes)
                 target = memoryview(peer.rx_msg.buffer)
             elif op.view.nbytes != nbytes:
@@ -818,6 +975,9 @@ class Engine:
             else:
                 peer.rx_op = op
                 target = op.view
+        self._finish(done)
+        if hold:
+            return
         for stale_op in stale:  # a receive this message proves can never match
             stale_op.work.set_exception(BackendError(f"{stale_op.work.description}: {conflict}"))
         if mismatched is not None:

@@ -15,11 +15,16 @@ with every rank agreeing (all or none), since all ranks must pick the same algor
 another host, ``COLLS_SHM=0`` on some rank, no ``/proc``, a token that does not match - leaves the
 group on TCP.
 
-A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_bytes`` each::
+A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_bytes`` each, then
+(for point-to-point, :mod:`colls_plugins.tcp.shm_p2p`) one pair area per host rank ``q``::
 
     control page, int64 words written only by the owner:
       [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
+      [17] threads blocked waiting for a point-to-point message
       [64 + 8p] stamp of tiny message p (p = 0, 1)   [65 + 8p ... 71 + 8p] its payload (56 bytes)
+    pair area q (P2P_CTRL_BYTES + P2P_RING_BYTES, the owner's own index unused):
+      [0] head: bytes written into the ring to q   [1] consumed: bytes read of q's ring to the owner
+      then the ring of messages to q
 
 **Tiny messages** (an all_reduce of at most :data:`TINY_BYTES`,
 :mod:`colls_plugins.tcp.shm_tiny`) skip the slots: the stamp and the payload share one cache line
@@ -88,6 +93,8 @@ SLOT_ALIGN = 64
 
 _MAGIC = 0x434F4C4C5353484D  # "COLLSSHM"
 _W_MAGIC, _W_TOKEN, _W_SEQ, _W_SLEEP, _W_STAMP = 0, 1, 8, 16, 24  # int64 word offsets
+#: Threads of the owner blocked waiting for a point-to-point message (shm_p2p).
+_W_P2P_SLEEP = 17
 #: First word of the two tiny-message lines (each: stamp, then payload), cache-line aligned.
 _W_TINY = 64
 #: Payload bytes of one tiny message: a cache line less its stamp.
@@ -109,6 +116,11 @@ BLOCK_SLICE_SECONDS = 0.01
 #: Most wake-up datagrams one sleep reads. One is enough to wake; the rest only empty the queue,
 #: and any left over just end the next sleep early (a re-check, never a lost wake-up).
 WAKE_DRAIN_MAX = 8
+#: Bytes of the control line that starts each point-to-point pair area (head and consumed).
+P2P_CTRL_BYTES = 64
+#: Bytes of the message ring to one host peer. Pages are only backed once written, so the area
+#: costs memory only for the pairs that exchange messages.
+P2P_RING_BYTES = 64 << 10
 #: Seals every segment carries: its size can never change, nor its seals.
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -119,12 +131,14 @@ class Segment:
         mm: the mapping (the whole segment).
         slot_bytes: size of one data slot.
         fd: the memfd this process created it from, or -1 for a peer's segment (closed already).
+        ranks: ranks of the host (one point-to-point pair area each); 0: no pair areas.
     """
 
-    def __init__(self, mm: mmap.mmap, slot_bytes: int, fd: int = -1) -> None:
+    def __init__(self, mm: mmap.mmap, slot_bytes: int, fd: int = -1, ranks: int = 0) -> None:
         self.mm = mm
         self.fd = fd
         self.slot_bytes = slot_bytes
+        self.ranks = ranks
         self.ctrl = memoryview(mm)[:CTRL_BYTES].cast("q")
         base = np.frombuffer(mm, dtype=np.uint8)
         self.slots = [
@@ -138,31 +152,44 @@ class Segment:
             raw[(_W_TINY + 8 * p + 1) * 8 : (_W_TINY + 8 * p + 1) * 8 + TINY_BYTES]
             for p in range(2)
         ]
+        base_p2p = CTRL_BYTES + SLOTS * slot_bytes
+        area = P2P_CTRL_BYTES + P2P_RING_BYTES
+        #: Per host rank q: the control line of pair area q as int64 words, and its ring.
+        self.p2p_ctrl = [
+            raw[base_p2p + q * area : base_p2p + q * area + P2P_CTRL_BYTES].cast("q")
+            for q in range(ranks)
+        ]
+        self.p2p_ring = [
+            raw[base_p2p + q * area + P2P_CTRL_BYTES : base_p2p + (q + 1) * area]
+            for q in range(ranks)
+        ]
         raw.release()
 
     @staticmethod
-    def size_for(slot_bytes: int) -> int:
-        """Return the bytes of a segment with slots of ``slot_bytes``."""
-        return CTRL_BYTES + SLOTS * slot_bytes
+    def size_for(slot_bytes: int, ranks: int = 0) -> int:
+        """Return the bytes of a segment with slots of ``slot_bytes`` and ``ranks`` pair areas."""
+        return CTRL_BYTES + SLOTS * slot_bytes + ranks * (P2P_CTRL_BYTES + P2P_RING_BYTES)
 
     @classmethod
-    def create(cls, slot_bytes: int, token: int) -> Segment:
+    def create(cls, slot_bytes: int, token: int, ranks: int = 0) -> Segment:
         """Create this rank's segment (memfd, kept open until setup ends) and stamp it."""
         fd = os.memfd_create("colls-tcp-shm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        size = cls.size_for(slot_bytes, ranks)
         try:
-            os.ftruncate(fd, cls.size_for(slot_bytes))
+            os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
-            mm = mmap.mmap(fd, cls.size_for(slot_bytes))
+            mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             raise
-        seg = cls(mm, slot_bytes, fd)
+        seg = cls(mm, slot_bytes, fd, ranks)
         seg.ctrl[_W_TOKEN] = token
         seg.ctrl[_W_MAGIC] = _MAGIC
         return seg
 
     @classmethod
-    def open_peer(cls, pid: int, fd: int, slot_bytes: int, token: int) -> Segment:
+    def open_peer(cls, pid: int, fd: int, slot_bytes: int, token: int, ranks: int = 0
+                  ) -> Segment:
         """Map a peer's segment read-only through ``/proc/<pid>/fd/<fd>`` and check its stamp.
 
         Raises:
@@ -170,7 +197,7 @@ class Segment:
             ValueError: the memory there is not that peer's segment (token mismatch), or its
                 size is not sealed.
         """
-        size = cls.size_for(slot_bytes)
+        size = cls.size_for(slot_bytes, ranks)
         handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
         try:
             if os.fstat(handle).st_size != size:
@@ -180,7 +207,7 @@ class Segment:
             mm = mmap.mmap(handle, size, prot=mmap.PROT_READ)
         finally:
             os.close(handle)
-        seg = cls(mm, slot_bytes)
+        seg = cls(mm, slot_bytes, ranks=ranks)
         if seg.ctrl[_W_MAGIC] != _MAGIC or seg.ctrl[_W_TOKEN] != token:
             seg.close()
             raise ValueError(f"segment of pid {pid} does not carry the published token")
@@ -216,6 +243,10 @@ class Segment:
             with contextlib.suppress(BufferError):  # a NumPy view left to the GC: it goes too
                 view.release()
         self.tiny = []
+        for view in [*self.p2p_ctrl, *self.p2p_ring]:
+            with contextlib.suppress(BufferError):
+                view.release()
+        self.p2p_ctrl, self.p2p_ring = [], []
         self.ctrl.release()
         try:
             self.mm.close()
@@ -252,10 +283,13 @@ class ShmGroup:
         self._wake_sock = wake_sock
         self._wake_addrs = wake_addrs
         self._spin = not same_process
+        #: Whether a peer runs in this process (ranks on threads: never spin, it holds the GIL).
+        self.same_process = same_process
         # With more ranks than cores, a pure spin only burns the time slice a peer needs.
         self._spin_iterations = SPIN_ITERATIONS if every_rank_has_a_core(self.size) else 0
         self._peer_error = peer_error
         self._fence_lock = threading.Lock()
+        self._p2p_lock = threading.Lock()  # guards this process's count of p2p sleepers
         self._yield_budget = YIELD_SECONDS_MAX
         self.phase = 0
         self._slot = 0
@@ -265,6 +299,11 @@ class ShmGroup:
         self._tiny_views: dict[tuple[int, str], list[memoryview]] = {}
         self._tiny_arrays: dict[tuple[int, np.dtype[Any]], list[np.ndarray]] = {}
         self._closed = False
+
+    @property
+    def spin_iterations(self) -> int:
+        """Busy polls a waiter may make before it yields (0 for threads or too few cores)."""
+        return self._spin_iterations if self._spin else 0
 
     # -- phases --------------------------------------------------------------------------------
     def _fence(self) -> None:
@@ -346,6 +385,33 @@ class ShmGroup:
                 self._sleep(min(BLOCK_SLICE_SECONDS, remaining))
         finally:
             me[_W_SLEEP] = 0
+
+    # -- point-to-point sleepers (colls_plugins.tcp.shm_p2p) -----------------------------------
+    def p2p_sleepers(self, change: int) -> None:
+        """Count a thread that starts (+1) or stops (-1) blocking for a p2p message.
+
+        Starting is followed by a full fence: the caller's next look at the rings cannot be
+        served before peers can see the count (the Dekker pattern that :meth:`post` and
+        :meth:`_block` use for collectives).
+        """
+        with self._p2p_lock:
+            self._me[_W_P2P_SLEEP] += change
+        if change > 0:
+            self._fence()
+
+    def p2p_wake(self, peer: int) -> None:
+        """Wake host rank ``peer`` if a thread of it blocks for a p2p message (after a write)."""
+        self._fence()
+        if self._ctrls[peer][_W_P2P_SLEEP]:
+            self._wake(peer)
+
+    def wake_self(self) -> None:
+        """Wake this rank's own blocked threads (a receive they wait for completed)."""
+        self._wake(self.rank)
+
+    def p2p_sleep(self, seconds: float) -> None:
+        """Block until a wake-up datagram comes or ``seconds`` pass."""
+        self._sleep(seconds)
 
     def _sleep(self, seconds: float) -> None:
         sock = self._wake_sock

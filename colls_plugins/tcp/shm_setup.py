@@ -172,7 +172,7 @@ def setup(
     seg: Segment | None = None
     if reason is None:
         try:
-            seg = Segment.create(slot_bytes_for(len(local)), secrets.randbits(62))
+            seg = Segment.create(slot_bytes_for(len(local)), secrets.randbits(62), len(local))
         except OSError as exc:
             reason = f"cannot create a segment: {exc}"
     try:
@@ -316,7 +316,7 @@ def _map_peers(
             if index == me:
                 segments.append(own)
             else:
-                segments.append(Segment.open_peer(p.pid, p.fd, p.slot_bytes, p.token))
+                segments.append(Segment.open_peer(p.pid, p.fd, p.slot_bytes, p.token, len(local)))
     except (OSError, ValueError) as exc:
         for s in segments:
             if s is not own:

@@ -128,6 +128,7 @@ def test_idle_engine_uses_no_cpu(group):
 
 @pytest.mark.timeout(60)
 def test_progress_thread_failure_fails_pending_work(group, monkeypatch):
+    monkeypatch.setenv("COLLS_SHM", "0")  # the message must reach the thread's socket reads
     a, b = group(2)
     pending = b.irecv(np.zeros(4), 0, 0)
 

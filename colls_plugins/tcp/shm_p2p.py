@@ -1,0 +1,266 @@
+"""Point-to-point between the ranks of one host through their shared memory.
+
+Every ordered pair of host ranks (p, q) has a ring in p's segment (pair area q, see
+:mod:`colls_plugins.tcp.shm`): p alone writes it and advances its ``head`` word; q reads it and
+advances the ``consumed`` word of its own pair area p. One writer and one reader per word, no
+locks: a single-producer single-consumer channel on x86-64's total store order (the sender's
+entry is visible before the head that covers it; the reader's loads of an entry happen before its
+store of ``consumed``, so the sender never overwrites an entry being read).
+
+**What goes where.** A message of at most :data:`INLINE_MAX_BYTES` goes through the ring when the
+ring has room: one entry, a 24-byte header (tag, size, ``sockets_before``) and the payload, so
+an 8-byte message and its header share one cache line. Anything else (larger, or the ring is
+full because the receiver is behind) goes over the pair's TCP connection as before. A send
+through the ring is complete once written, so a sender never waits for the receiver.
+
+**Order across the two transports.** MPI's rule is that two messages from one rank to another
+that both match a receive are received in send order. Each ring entry carries
+``sockets_before``: how many socket messages its sender had sent to this receiver before it (the
+sender counts under a per-peer lock, so the count and the stream order agree). The receiver
+counts the socket messages from that rank that reached its match table. An entry enters the
+match table only once that count reaches its ``sockets_before`` (the socket messages before it
+are in); and before the engine matches a socket message from a host peer, it moves every ring
+entry that may enter into the table first (those were written before the socket message was
+sent, so they are visible by the time its header is read). A socket message the engine holds
+unread (:mod:`colls_plugins.tcp.engine`) is counted only when it is released, so no later ring
+entry can overtake it.
+
+**Buffering.** The ring itself is bounded. Entries leave it for the unexpected queue only when
+they must (a receive for that rank is posted, or a socket message behind them arrives) or while
+the unexpected bytes stay under the engine's :data:`~colls_plugins.tcp.engine.MAX_UNEXPECTED_BYTES`.
+
+**Progress.** Whoever looks first moves entries: a thread posting a receive, a thread waiting for
+one (:class:`PollingFuture`: as the collectives' waits of :mod:`~colls_plugins.tcp.shm`, it
+spins on the rings briefly when every rank has a core, then polls them with ``sched_yield``,
+then blocks until a writer wakes it), the backend's ``poll`` hook, and the progress thread,
+which looks every :data:`TICK_SECONDS` while a receive is posted (and a little longer:
+:data:`TICK_LINGER_SECONDS`; a receive posted after that wakes it), so a receive completes
+without anyone waiting for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from colls_plugins.tcp.shm import P2P_RING_BYTES, ShmGroup
+
+#: Largest message that goes through the ring (a quarter of it, so a few queue up).
+INLINE_MAX_BYTES = P2P_RING_BYTES // 4
+
+#: Header of a ring entry: tag, payload bytes (SKIP: the rest of the ring is unused, start
+#: again at 0), socket messages the sender had sent to the receiver before this one.
+ENTRY = struct.Struct("<qqq")
+SKIP = -1
+_ALIGN = 8  # entries start on 8-byte boundaries: the header words are whole loads
+
+#: How long a waiting thread polls the rings with ``sched_yield`` between polls, after its spin
+#: and before it blocks (seconds). Measured under load on 2 cores (8-byte ping-pong): blocking
+#: at once cost 300 us per message, polling with yields for 2 ms 60-240 us; the peer answers
+#: within this budget whenever it is running.
+YIELD_SECONDS = 0.002
+#: Ring polls between two ``sched_yield`` calls.
+POLLS_PER_YIELD = 4
+#: Longest single block of a waiting thread before it looks at the rings again (seconds).
+BLOCK_SLICE_SECONDS = 0.01
+
+#: How often the progress thread looks at the rings while a receive is posted (seconds).
+TICK_SECONDS = 0.001
+#: How long it goes on looking after the last receive was posted (seconds): posting a receive
+#: wakes a thread that has stopped looking, which costs a system call and a thread hand-off.
+TICK_LINGER_SECONDS = 0.2
+
+
+def entry_bytes(nbytes: int) -> int:
+    """Return the ring bytes an entry with ``nbytes`` of payload takes."""
+    return ENTRY.size + -(-nbytes // _ALIGN) * _ALIGN
+
+
+class Channel:
+    """Both directions between this rank and one host peer: the ring to it and the ring from it.
+
+    Send state (``head``, ``sockets_sent``) is guarded by ``send_lock``; receive state
+    (``consumed``, ``sockets_received``) by the engine's lock.
+    """
+
+    def __init__(self, rank: int, group: ShmGroup, me: int, peer: int) -> None:
+        self.rank = rank  # the peer's group rank
+        self._group = group
+        self._index = peer  # its host rank
+        mine, theirs = group.segments[me], group.segments[peer]
+        self._out_ctrl = mine.p2p_ctrl[peer]  # [0] my head to it, [1] what I consumed of its ring
+        self._out = mine.p2p_ring[peer]
+        self._in_ctrl = theirs.p2p_ctrl[me]  # [0] its head to me, [1] what it consumed of mine
+        self._in = theirs.p2p_ring[me]
+        self.send_lock = threading.Lock()
+        self.head = 0
+        self.sockets_sent = 0
+        self.consumed = 0
+        self.sockets_received = 0
+
+    # -- sending -------------------------------------------------------------------------------
+    def try_send(self, view: memoryview, tag: int) -> bool:
+        """Write one message into the ring if it fits and there is room (``send_lock`` held)."""
+        nbytes = view.nbytes
+        if nbytes > INLINE_MAX_BYTES:
+            return False
+        size = entry_bytes(nbytes)
+        head = self.head
+        pos = head % P2P_RING_BYTES
+        left = P2P_RING_BYTES - pos
+        waste = left if left < size else 0
+        if head + waste + size - self._in_ctrl[1] > P2P_RING_BYTES:
+            return False  # the receiver is behind: the socket takes it (order kept by count)
+        ring = self._out
+        if waste:
+            if left >= ENTRY.size:
+                ENTRY.pack_into(ring, pos, 0, SKIP, 0)
+            head += waste
+            pos = 0
+        ENTRY.pack_into(ring, pos, tag, nbytes, self.sockets_sent)
+        if nbytes:
+            ring[pos + ENTRY.size : pos + ENTRY.size + nbytes] = view
+        self.head = head + size
+        self._out_ctrl[0] = self.head  # last: publishes the entry (TSO)
+        self._group.p2p_wake(self._index)  # a system call only when a thread of it sleeps
+        return True
+
+    # -- receiving (engine lock held) ----------------------------------------------------------
+    def has_news(self) -> bool:
+        """Whether the peer wrote something not consumed yet (no lock needed)."""
+        return self._in_ctrl[0] != self.consumed
+
+    def peek(self) -> tuple[int, int, int] | None:
+        """Return the next entry (tag, nbytes, sockets_before) or None; skips wrap markers."""
+        while True:
+            consumed = self.consumed
+            if self._in_ctrl[0] == consumed:
+                return None
+            pos = consumed % P2P_RING_BYTES
+            left = P2P_RING_BYTES - pos
+            if left >= ENTRY.size:
+                tag, nbytes, before = ENTRY.unpack_from(self._in, pos)
+                if nbytes != SKIP:
+                    return tag, nbytes, before
+            self.consumed = consumed + left
+            self._out_ctrl[1] = self.consumed
+
+    def payload(self, nbytes: int) -> memoryview:
+        """Return the payload of the entry :meth:`peek` returned (valid until :meth:`pop`)."""
+        start = self.consumed % P2P_RING_BYTES + ENTRY.size
+        return self._in[start : start + nbytes]
+
+    def pop(self, nbytes: int) -> None:
+        """Consume the entry :meth:`peek` returned; the sender may reuse its bytes."""
+        self.consumed += entry_bytes(nbytes)
+        self._out_ctrl[1] = self.consumed
+
+
+class Channels:
+    """This rank's channels to every host peer, by group rank.
+
+    Args:
+        group: the host's shared memory (its segments carry pair areas).
+        ranks: the group rank of each host rank, by local index (``ranks[group.rank]`` is this
+            rank).
+    """
+
+    def __init__(self, group: ShmGroup, ranks: Sequence[int]) -> None:
+        me = group.rank
+        self.by_rank = {
+            ranks[q]: Channel(ranks[q], group, me, q) for q in range(group.size) if q != me
+        }
+        self.all = list(self.by_rank.values())
+        self.group = group
+
+    @staticmethod
+    def available(group: ShmGroup | None) -> bool:
+        """Whether ``group``'s segments carry pair areas (they do when shm_setup made them)."""
+        return group is not None and all(seg.ranks == group.size for seg in group.segments)
+
+
+class PollingFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+    """The future of a receive a host peer may complete: waiting for it polls the rings first.
+
+    ``poll()`` moves whatever the rings hold into the engine (and completes receives). A waiter
+    spins on it briefly while every rank has a core, polls it with ``sched_yield`` for
+    :data:`YIELD_SECONDS`, then blocks on the host memory's wake-up
+    socket, having counted itself as a sleeper: a peer that writes into a ring after that
+    sends one datagram, and whoever completes this future while the waiter sleeps (the
+    progress thread, for a socket message) wakes it the same way. Each block is bounded by
+    :data:`BLOCK_SLICE_SECONDS`, so a lost datagram costs at most a slice.
+    """
+
+    def __init__(self, poll: Callable[[], None], group: ShmGroup) -> None:
+        super().__init__()
+        self._poll = poll
+        self._group = group
+        self._sleeping = False
+
+    def _drive(self, timeout: float | None) -> None:
+        poll = self._poll
+        for _ in range(self._group.spin_iterations):
+            poll()
+            if self.done():  # the progress thread may have completed it (a socket message)
+                return
+        budget = YIELD_SECONDS if timeout is None else min(timeout, YIELD_SECONDS)
+        until = time.perf_counter() + budget
+        polls = 0
+        while time.perf_counter() < until:
+            poll()
+            if self.done():
+                return
+            polls += 1
+            if polls % POLLS_PER_YIELD == 0:
+                os.sched_yield()  # ranks may outnumber cores: let the sender run
+        deadline = None if timeout is None else time.monotonic() + timeout
+        group = self._group
+        self._sleeping = True
+        group.p2p_sleepers(+1)
+        try:
+            while True:
+                poll()
+                if self.done():
+                    return
+                left = BLOCK_SLICE_SECONDS if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    return  # the plain wait below reports the timeout
+                group.p2p_sleep(min(left, BLOCK_SLICE_SECONDS))
+        finally:
+            group.p2p_sleepers(-1)
+            self._sleeping = False
+
+    def set_result(self, result: Any) -> None:
+        """Complete the receive and wake its waiter if it sleeps."""
+        super().set_result(result)
+        if self._sleeping:
+            self._group.wake_self()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Fail the receive and wake its waiter if it sleeps."""
+        super().set_exception(exception)
+        if self._sleeping:
+            self._group.wake_self()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Poll the rings for a moment, then wait as a plain future does."""
+        if not self.done():
+            self._drive(timeout)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Poll the rings for a moment, then wait as a plain future does."""
+        if not self.done():
+            self._drive(timeout)
+        return super().exception(timeout)
+
+
+__all__ = [
+    "INLINE_MAX_BYTES", "TICK_LINGER_SECONDS", "TICK_SECONDS", "Channel", "Channels",
+    "PollingFuture",
+]

@@ -1,0 +1,223 @@
+"""Point-to-point between ranks of one host through shared memory (colls_plugins.tcp.shm_p2p).
+
+Ranks on threads share one process (their rings are real shared memory all the same); the
+order and failure tests run real processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import shm_p2p_workers
+from tcp_helpers import WAIT
+
+from colls.errors import BackendError
+from colls.options import BackendOptions
+from colls.store import HashStore, PrefixStore
+from colls.testing.spawn import spawn
+from colls_plugins.tcp import shm_setup
+from colls_plugins.tcp.backend import TcpBackend
+from colls_plugins.tcp.engine import MAX_UNEXPECTED_BYTES
+from colls_plugins.tcp.shm import P2P_RING_BYTES
+from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, entry_bytes
+
+pytestmark = pytest.mark.skipif(
+    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
+    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
+)
+
+
+def _channel(backend: TcpBackend, peer: int):  # noqa: ANN202 - the engine's Channel
+    return backend._engine._channels[peer]
+
+
+def _on_threads(fn: Callable[[int], Any], world_size: int) -> list[Any]:
+    """Run ``fn(rank)`` on threads named ``rank<r>``; return the results, raise a failure."""
+    results: list[Any] = [None] * world_size
+    errors: list[BaseException] = []
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
+               for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "ranks still running after 60 s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _fill_unexpected(backend: TcpBackend, nbytes: int) -> None:
+    """Count ``nbytes`` more (or fewer) unexpected bytes, as if messages were buffered."""
+    with backend._engine._lock:
+        backend._engine._table.unexpected_bytes += nbytes
+
+
+@pytest.fixture
+def hosts(monkeypatch: pytest.MonkeyPatch):
+    """Return ``make(layout)``: a group whose rank r (thread ``rank<r>``) is on host layout[r]."""
+    made: list[TcpBackend] = []
+
+    def make(layout: list[int]) -> list[TcpBackend]:
+        monkeypatch.setattr(
+            shm_setup, "host_identity",
+            lambda: f"host{layout[int(threading.current_thread().name[4:])]}")
+        base, n = HashStore(), len(layout)
+
+        def create(rank: int) -> TcpBackend:
+            options = BackendOptions(timeout=30.0, group_name="p2p", global_ranks=tuple(range(n)))
+            return TcpBackend(PrefixStore("p2p", base), rank, n, options)
+
+        made.extend(_on_threads(create, n))
+        return made[-n:]
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_of_every_size_arrives_in_send_order_across_ring_and_socket():
+    ways = spawn(shm_p2p_workers.ordered_stream, 2, timeout=100)
+    # both transports carried messages of the one stream
+    assert ways[0]["ring_bytes"] > P2P_RING_BYTES  # the ring wrapped around
+    assert ways[0]["socket_messages"] > 2 * 3  # the large ones, and the ring-full fallbacks
+
+
+@pytest.mark.timeout(60)
+def test_small_messages_go_through_the_ring_and_complete_without_wait(hosts):
+    a, b = hosts([0, 0])
+    assert a.uses_shm and a._engine._channels.keys() == {1}
+    out = np.zeros(3, np.float64)
+    work = b.irecv(out, 0, 9)
+    send = a.isend(np.array([1.5, 2.5, -3.0]), 1, 9)
+    assert send.is_completed()  # written into the ring: nothing left to do
+    assert _channel(a, 1).head == entry_bytes(24) and _channel(a, 1).sockets_sent == 0
+    deadline = time.monotonic() + WAIT
+    while not work.is_completed() and time.monotonic() < deadline:  # no wait(): nobody polls
+        time.sleep(0.001)
+    assert work.is_completed() and work.result() == 0
+    assert out.tolist() == [1.5, 2.5, -3.0]
+
+
+@pytest.mark.timeout(60)
+def test_a_full_ring_falls_back_to_the_socket_in_order(hosts):
+    a, b = hosts([0, 0])
+    _fill_unexpected(b, MAX_UNEXPECTED_BYTES)  # so the ring is not emptied into buffers
+    count = 3 * P2P_RING_BYTES // entry_bytes(1000)  # three rings' worth, nobody receiving
+    sends = [a.isend(np.full(1000, i % 256, np.uint8), 1, 4) for i in range(count)]
+    assert all(w.wait(WAIT) for w in sends)  # the sender never waits for the receiver
+    time.sleep(0.2)  # the receiver reads what reached its socket
+    channel = _channel(a, 1)
+    assert channel.sockets_sent > 0 and channel.head > P2P_RING_BYTES // 2  # both carried some
+    # what the receiver buffered beyond its (faked) budget: at most the ring entries that had to
+    # leave the ring before the first socket message, never the whole stream
+    with b._engine._lock:
+        extra = b._engine._table.unexpected_bytes - MAX_UNEXPECTED_BYTES
+    assert extra <= 2 * P2P_RING_BYTES, extra
+    _fill_unexpected(b, -MAX_UNEXPECTED_BYTES)
+    outs = [np.empty(1000, np.uint8) for _ in range(count)]
+    works = [b.irecv(out, 0, 4) for out in outs]
+    assert [w.result() for w in works] == [0] * count
+    assert [int(out[0]) for out in outs] == [i % 256 for i in range(count)]
+    assert all((out == out[0]).all() for out in outs)
+
+
+@pytest.mark.timeout(60)
+def test_ring_entries_nobody_receives_stay_bounded(hosts):
+    a, b = hosts([0, 0])
+    # unexpected messages already fill the engine's budget: ring entries for another tag wait
+    # in the ring (bounded by it) instead of growing the unexpected queue
+    _fill_unexpected(b, MAX_UNEXPECTED_BYTES)
+    for i in range(10):
+        a.isend(np.full(100, i, np.uint8), 1, 8).wait(WAIT)
+    time.sleep(0.05)  # the progress thread looks at the rings while it ticks
+    b._engine.poll_rings()
+    assert _channel(b, 0).consumed == 0
+    _fill_unexpected(b, -MAX_UNEXPECTED_BYTES)
+    outs = [np.empty(100, np.uint8) for _ in range(10)]
+    works = [b.irecv(out, 0, 8) for out in outs]  # a receive takes them, in order
+    assert [w.result() for w in works] == [0] * 10
+    assert [int(out[0]) for out in outs] == list(range(10))
+
+
+@pytest.mark.timeout(60)
+def test_any_source_sees_host_peers_and_socket_peers_in_posting_order(hosts):
+    backends = hosts([0, 0, 1])  # ranks 0 and 1 share memory, rank 2 is on another host
+    r0, r1, r2 = backends
+    assert r0._engine._channels.keys() == {1} and not r2.uses_shm
+    small, large, other = np.zeros(2, np.int64), np.zeros(INLINE_MAX_BYTES, np.uint8), np.zeros(
+        2, np.int64)
+    w_small = r0.irecv(small, None, 6)
+    w_large = r0.irecv(large, None, 7)
+    w_other = r0.irecv(other, None, 6)
+    r2.isend(np.array([20, 21]), 0, 6).wait(WAIT)  # socket peer
+    r1.isend(np.full(INLINE_MAX_BYTES, 1, np.uint8), 0, 7).wait(WAIT)  # ring
+    assert w_small.result() == 2 and small.tolist() == [20, 21]
+    assert w_large.result() == 1 and (large == 1).all()
+    r1.isend(np.array([10, 11]), 0, 6).wait(WAIT)  # ring
+    assert w_other.result() == 1 and other.tolist() == [10, 11]
+    assert _channel(r1, 0).head > 0 and _channel(r1, 0).sockets_sent == 0
+
+
+@pytest.mark.timeout(60)
+def test_any_source_and_specific_receives_take_ring_messages_in_posting_order(hosts):
+    a, b = hosts([0, 0])
+    first, second = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    a.isend(np.array([1]), 1, 4).wait(WAIT)
+    a.isend(np.array([2]), 1, 4).wait(WAIT)
+    w_any = b.irecv(first, None, 4)
+    w_specific = b.irecv(second, 0, 4)
+    assert w_any.result() == 0 and w_specific.result() == 0
+    assert (first[0], second[0]) == (1, 2)
+
+
+@pytest.mark.timeout(60)
+def test_a_size_mismatch_fails_the_receive_naming_both_sizes_and_the_stream_goes_on(hosts):
+    a, b = hosts([0, 0])
+    a.isend(np.arange(2, dtype=np.int32), 1, 3).wait(WAIT)  # 8 bytes, through the ring
+    a.isend(np.arange(4, dtype=np.int32), 1, 3).wait(WAIT)
+    wrong = b.irecv(np.zeros(4, np.int32), 0, 3)
+    with pytest.raises(BackendError, match=r"rank 0 with tag 3 has 8 bytes but the receive "
+                                           r"buffer has 16 bytes"):
+        wrong.wait(WAIT)
+    right = np.zeros(4, np.int32)
+    assert b.irecv(right, 0, 3).result() == 0 and right.tolist() == [0, 1, 2, 3]
+    # and when the receive is posted first
+    posted = b.irecv(np.zeros(1, np.int64), 0, 3)
+    a.isend(np.zeros(3, np.int64), 1, 3).wait(WAIT)
+    with pytest.raises(BackendError, match="has 24 bytes but the receive buffer has 8 bytes"):
+        posted.wait(WAIT)
+
+
+@pytest.mark.timeout(60)
+def test_colls_shm_0_keeps_point_to_point_on_sockets(hosts, monkeypatch):
+    monkeypatch.setenv("COLLS_SHM", "0")
+    a, b = hosts([0, 0])
+    assert not a.uses_shm and a._engine._channels == {}
+    out = np.zeros(2, np.int64)
+    work = b.irecv(out, 0, 1)
+    a.isend(np.array([7, 8]), 1, 1).wait(WAIT)
+    assert work.result() == 0 and out.tolist() == [7, 8]
+
+
+@pytest.mark.timeout(90)
+def test_a_dead_host_peer_fails_a_pending_receive_fast_naming_it():
+    results = spawn(shm_p2p_workers.die_while_peer_waits, 2, victims=(0,), timeout=80,
+                    group_timeout=60)
+    when, message = results[1]
+    assert "rank 0" in message and ("lost" in message or "died" in message), message
+    # rank 0 exits 0.5 s after the barrier; the group timeout (60 s) is far away
+    assert time.time() - when < 60 and message != "no error"
