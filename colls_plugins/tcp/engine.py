@@ -578,9 +578,12 @@ class Engine:
         return None
 
     def _all_gone(self) -> bool:
-        """Whether every other rank has connected and left (no any-source message can come)."""
+        """Whether every other rank has connected and left (no any-source message can come).
+
+        A group of one has no other rank: a receive there waits for its timeout, as in torch.
+        """
         peers = self._links.snapshot()
-        return len(peers) == self._world_size - 1 and all(p.dead for p in peers)
+        return bool(peers) and len(peers) == self._world_size - 1 and all(p.dead for p in peers)
 
     @staticmethod
     def _size_error(op: RecvOp, src: int, nbytes: int) -> BackendError:
