@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from colls import buffers, fingerprint
+from colls import buffers, fingerprint, streams
 from colls.buffers import Buffer
 from colls.health import GroupHealth, label
 from colls.process_group import ProcessGroup
@@ -367,21 +367,31 @@ def submit(
         return pg.run(functools.partial(run_guarded, health, op, seq, job, tag), op=op,
                       async_op=async_op, timeout=timeout)
 
+    fence = None
+    if stream is not None and async_op:  # the caller's stream waits only in Work.wait()
+        stream, fence = streams.side_stream(stream)
+
     def checked_job(tag: int) -> Any:
         if check_seq is not None:
             check_tag = fingerprint.collective_tag(
                 check_seq, fingerprint.FINGERPRINT_RECORD.signature()
             )
             fingerprint.check_across_ranks(pg, record, seq, check_tag)
-        if stream is not None:
-            with stream:  # the caller's stream, current on whichever thread runs the job
-                return job(tag)
-        return job(tag)
+        if stream is None:
+            return job(tag)
+        with stream:  # current on whichever thread runs the job (colls.streams)
+            result = job(tag)
+            if fence is not None:
+                fence.seal()
+            return result
 
     def run() -> Any:
         return run_guarded(health, op, seq, checked_job, tag)
 
-    return pg.run(run, op=op, async_op=async_op, timeout=timeout)
+    work = pg.run(run, op=op, async_op=async_op, timeout=timeout)
+    if fence is not None and work is not None:
+        work.order_streams_after(fence)
+    return work
 
 
 def run_guarded(

@@ -113,6 +113,19 @@ class Backend(ABC):
         ``array.nbytes`` fails the Work with a BackendError naming both sizes.
         """
 
+    def batch_isend_irecv(self, ops: Sequence[tuple[str, Array, int | None, int]]) -> list[Work]:
+        """Start a batch of sends and receives together; return their Works in the same order.
+
+        ``ops`` holds ``("isend", array, dst, tag)`` and ``("irecv", array, src, tag)`` entries,
+        already checked by the core. The default posts each with :meth:`isend` / :meth:`irecv`;
+        a backend whose point-to-point can deadlock unless a batch is launched as one unit
+        (NCCL: ``groupStart``/``groupEnd``) overrides it.
+        """
+        return [
+            self.isend(array, peer, tag) if kind == "isend" else self.irecv(array, peer, tag)
+            for kind, array, peer, tag in ops
+        ]
+
     def close(self) -> None:  # noqa: B027 - optional hook: a backend without resources has none
         """Release connections and threads. Idempotent."""
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from colls import _dispatch as d
 from colls import _fast_path as fast
+from colls.buffers import Buffer
+from colls.process_group import ProcessGroup
 from colls.work import Work, chain
 
 
@@ -21,6 +23,16 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
         ready = fast.peer(tensor, dst, tag, writable=False)
         if ready is not None:  # the common case (colls._fast_path)
             return ready[0].backend.isend(ready[1], dst, tag)
+    post = _checked_send(tensor, dst, group, tag, group_dst)
+    if post is None:
+        return None
+    pg, array, peer = post
+    return pg.backend.isend(array, peer, tag)
+
+
+def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None
+                  ) -> tuple[ProcessGroup, Any, int] | None:
+    """Check a send's arguments; return (group, array, group rank of dst) or None (non-member)."""
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -28,8 +40,7 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     peer = d.group_rank_of(pg, dst, group_dst, arg="dst", op="isend")
     d.check_peer(pg, peer, arg="dst", op="isend")
     d.check_tag(tag, op="isend")
-    buf = d.buffer(tensor, arg="tensor", op="isend", writable=False)
-    return pg.backend.isend(buf.array, peer, tag)
+    return pg, d.buffer(tensor, arg="tensor", op="isend", writable=False).array, peer
 
 
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -42,6 +53,16 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
         ready = fast.peer(tensor, src, tag, writable=True)
         if ready is not None:  # the common case (colls._fast_path)
             return ready[0].backend.irecv(ready[1], src, tag)
+    post = _checked_recv(tensor, src, group, tag, group_src)
+    if post is None:
+        return None
+    pg, buf, peer = post
+    return _written_back(pg.backend.irecv(buf.array, peer, tag), buf)
+
+
+def _checked_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None
+                  ) -> tuple[ProcessGroup, Buffer, int | None] | None:
+    """Check a receive's arguments; return (group, buffer, group rank of src or None)."""
     pg = d.resolve_group(group)
     if pg is None:
         return None
@@ -49,8 +70,11 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     peer = d.group_rank_of(pg, src, group_src, arg="src", op="irecv", allow_any=True)
     d.check_peer(pg, peer, arg="src", op="irecv")
     d.check_tag(tag, op="irecv")
-    buf = d.buffer(tensor, arg="tensor", op="irecv", writable=True)
-    work = pg.backend.irecv(buf.array, peer, tag)
+    return pg, d.buffer(tensor, arg="tensor", op="irecv", writable=True), peer
+
+
+def _written_back(work: Work, buf: Buffer) -> Work:
+    """Return ``work``, followed by the copy into the caller's array when ``buf`` is staged."""
     if not buf.staged:
         return work
     return chain(work, lambda sender: (buf.write_back(), sender)[1])
@@ -104,17 +128,36 @@ class P2POp:
 
 
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
-    """Start every send and receive of ``p2p_op_list``; return their Works in the same order."""
+    """Start every send and receive of ``p2p_op_list``; return their Works in the same order.
+
+    Every op is checked before any is started, so a bad one starts nothing. The ops of each group
+    go to its backend together (:meth:`colls.backend.Backend.batch_isend_irecv`: nccl launches
+    them as one NCCL group).
+    """
     if not isinstance(p2p_op_list, (list, tuple)) or not all(
         isinstance(p, P2POp) for p in p2p_op_list
     ):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
-    works = []
+    batches: dict[int, tuple[ProcessGroup, list[tuple[str, Any, int | None, int]]]] = {}
+    staged: list[tuple[int, int, Buffer | None]] = []  # (group, index in batch, recv buffer)
     for p in p2p_op_list:
         if p.op.__name__ == "isend":
-            work = isend(p.tensor, dst=p.peer, group=p.group, tag=p.tag, group_dst=p.group_peer)
+            send = _checked_send(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+            if send is None:
+                continue
+            pg, array, peer = send
+            entry, buf = ("isend", array, peer, p.tag), None
         else:
-            work = irecv(p.tensor, src=p.peer, group=p.group, tag=p.tag, group_src=p.group_peer)
-        if work is not None:
-            works.append(work)
-    return works
+            recv = _checked_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+            if recv is None:
+                continue
+            pg, buf, peer = recv
+            entry = ("irecv", buf.array, peer, p.tag)
+        ops = batches.setdefault(id(pg), (pg, []))[1]
+        staged.append((id(pg), len(ops), buf))
+        ops.append(entry)
+    started = {key: pg.backend.batch_isend_irecv(ops) for key, (pg, ops) in batches.items()}
+    return [
+        started[key][i] if buf is None else _written_back(started[key][i], buf)
+        for key, i, buf in staged
+    ]

@@ -42,7 +42,7 @@ class Work:
         default_timeout: seconds ``wait()`` waits when given no timeout (``None``: forever).
     """
 
-    __slots__ = ("_future", "description", "default_timeout")
+    __slots__ = ("_future", "description", "default_timeout", "_fence")
 
     def __init__(
         self,
@@ -54,6 +54,15 @@ class Work:
         self._future: concurrent.futures.Future[Any] = future or concurrent.futures.Future()
         self.description = description
         self.default_timeout = default_timeout
+        self._fence: Any = None
+
+    def order_streams_after(self, fence: Any) -> None:
+        """Tie the operation's device work to ``fence`` (:class:`colls.streams.StreamFence`).
+
+        Then :meth:`is_completed` also asks whether the device work is done, and :meth:`wait`
+        makes the waiting thread's current CUDA stream wait on it (torch's NCCL semantics).
+        """
+        self._fence = fence
 
     # -- constructors used by backends -------------------------------------------------------
 
@@ -101,14 +110,22 @@ class Work:
         """Wait as :meth:`wait` does and return the operation's value (one look at the future)."""
         limit = self.default_timeout if timeout is None else seconds(timeout)
         try:
-            return self._future.result(timeout=limit)
+            value = self._future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
             raise CollsTimeoutError(
                 f"{self.description} did not complete within {limit:.1f} s"
             ) from None
+        if self._fence is not None:
+            self._fence.order_current_stream()
+        return value
 
     def is_completed(self) -> bool:
-        """Return True once the operation has ended, successfully or not."""
+        """Return True once the operation has ended, successfully or not.
+
+        For an operation on CUDA arrays, the device work must have finished too.
+        """
+        if self._fence is not None and self._future.done() and self._future.exception() is None:
+            return bool(self._fence.query())
         return self._future.done()
 
     def is_success(self) -> bool:

@@ -8,12 +8,12 @@ Streams, as torch's ProcessGroupNCCL orders them:
 * A collective runs on the backend's own stream, after an event recorded on the caller's current
   stream (the core makes the caller's stream current on whatever thread runs the job), so it
   reads what the caller's kernels wrote, without the host waiting.
-* The caller's stream is then made to wait on the collective's completion event, so every later
-  kernel on it reads the result; the host does not wait. This is what torch's ``async_op=False``
-  means with NCCL (stream-ordered), and what its ``Work.wait()`` does for ``async_op=True``:
-  colls orders the caller's stream when the collective is launched rather than at ``wait()``,
-  because a colls Work has no stream hook. The Work is complete once the collective is launched
-  and ordered; to wait on the host, synchronize the stream (or call ``barrier``).
+* The current stream is then made to wait on the collective's completion event, so every later
+  kernel on it reads the result; the host does not wait. For ``async_op=False`` that is the
+  caller's stream (torch's "stream-ordered"). For ``async_op=True`` the core runs the job with a
+  side stream current and hands the Work a fence on it (:mod:`colls.streams`), so the caller's
+  stream waits only in ``Work.wait()`` and ``is_completed()`` queries the event, as in torch. To
+  wait on the host, synchronize the stream (or call ``barrier``).
 * Point-to-point runs on two streams of its own, one for sends and one for receives, so a send
   and a receive posted in either order on two ranks cannot deadlock. Its Work completes when the
   transfer's event has fired (the watchdog sees it), so ``wait()`` blocks the host.
@@ -172,6 +172,35 @@ class NcclBackend(Backend):
         data, comm, u8 = self._bytes(array, what), self._comm, self._u8()
         return self._p2p(what, self._recv_stream, data, src,
                          lambda s: comm.recv(data.data.ptr, data.size, u8, src, s))
+
+    def batch_isend_irecv(self, ops: Sequence[tuple[str, Any, int | None, int]]) -> list[Work]:
+        """Launch every send and receive of ``ops`` as one NCCL group; one Work per op.
+
+        NCCL matches sends and receives in the order each pair of ranks posts them; posted one
+        by one, a batch in which two ranks each send before they receive can wait on each other
+        forever. In one group NCCL schedules them together. Every Work completes when the
+        group's completion event fires; a receive's result is its source rank.
+
+        Raises:
+            ValueError: a receive from any source (an NCCL receive names its peer).
+        """
+        what = f"batch_isend_irecv of {len(ops)} operations on {self._where}"
+        sends: list[tuple[int, Any]] = []
+        recvs: list[tuple[int, Any]] = []
+        for kind, array, peer, _tag in ops:
+            if peer is None:
+                raise ValueError(
+                    f"nccl: {what}: receiving from any source is not supported (an NCCL receive "
+                    "names its peer); pass src"
+                )
+            (sends if kind == "isend" else recvs).append((peer, self._bytes(array, what)))
+        done = self._grouped(what, (sends, recvs), sends=sends, recvs=recvs)
+        works = []
+        for kind, _array, peer, _tag in ops:
+            work = Work(description=what, default_timeout=self.timeout)
+            self._inflight.add(what, done, (), work, peer if kind == "irecv" else None)
+            works.append(work)
+        return works
 
     # -- collectives ---------------------------------------------------------------------------
 
@@ -353,8 +382,11 @@ class NcclBackend(Backend):
         return work
 
     def _grouped(self, what: str, keep: Any, *, sends: list[tuple[int, Any]],
-                 recvs: list[tuple[int, Any]], copies: Sequence[tuple[Any, Any]] = ()) -> None:
-        """Run ``sends`` and ``recvs`` as one NCCL group, and ``copies`` (dst, src) locally."""
+                 recvs: list[tuple[int, Any]], copies: Sequence[tuple[Any, Any]] = ()) -> Any:
+        """Run ``sends`` and ``recvs`` as one NCCL group, and ``copies`` (dst, src) locally.
+
+        Returns the group's completion event.
+        """
         comm, nccl, u8 = self._comm, self._nccl, self._u8()
 
         def launch(stream: int) -> None:
@@ -372,7 +404,7 @@ class NcclBackend(Backend):
             finally:
                 nccl.groupEnd()
 
-        self._collective(what, keep, launch)
+        return self._collective(what, keep, launch)
 
     # -- helpers -------------------------------------------------------------------------------
 

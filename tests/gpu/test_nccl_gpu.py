@@ -250,3 +250,21 @@ def test_two_ranks_on_one_gpu_are_refused_naming_both():
         assert message.startswith("nccl: ranks 0 and 1 of the group both use CUDA device 0 ("), \
             message
         assert "duplicate GPU" in message
+
+
+# -- batches of point-to-point -----------------------------------------------------------------
+
+
+def test_a_batch_to_and_from_oneself_is_one_group(nccl_world):
+    # Posted one at a time, a send to oneself waits for a receive that is never posted before it
+    # returns; in one group NCCL pairs them.
+    sent = cupy.arange(12, dtype=cupy.float32)
+    received = cupy.zeros(12, dtype=cupy.float32)
+    works = colls.batch_isend_irecv([
+        colls.P2POp(colls.isend, sent, 0),
+        colls.P2POp(colls.irecv, received, 0),
+    ])
+    for work in works:
+        work.wait()
+    assert works[1].source_rank() == 0
+    assert cupy.asnumpy(received).tolist() == list(range(12))

@@ -1,0 +1,63 @@
+"""Work and the stream fence of an asynchronous call on CUDA arrays (colls.streams).
+
+The fence's CUDA side runs only on a GPU (tests/gpu); here a recording fence checks what Work
+does with one: completion waits for the device work, and wait()/result() order the waiting
+thread's stream after it, once the operation has succeeded.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from colls.work import Work
+
+
+class RecordingFence:
+    """A fence whose device work finishes when the test says so."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.orders = 0
+
+    def query(self) -> bool:
+        return self.finished
+
+    def order_current_stream(self) -> None:
+        self.orders += 1
+
+
+def test_completed_once_the_device_work_is_done():
+    work, fence = Work(), RecordingFence()
+    work.order_streams_after(fence)
+    assert not work.is_completed()
+    work.set_result(None)  # the job launched everything
+    assert not work.is_completed()
+    fence.finished = True
+    assert work.is_completed()
+
+
+def test_wait_and_result_order_the_waiting_stream():
+    work, fence = Work(), RecordingFence()
+    work.order_streams_after(fence)
+    work.set_result(3)
+    assert work.wait() is True
+    assert fence.orders == 1
+    assert work.result() == 3
+    assert fence.orders == 2
+
+
+def test_a_failed_operation_is_completed_and_orders_nothing():
+    work, fence = Work(), RecordingFence()
+    work.order_streams_after(fence)
+    work.set_exception(RuntimeError("peer died"))
+    assert work.is_completed()
+    with pytest.raises(RuntimeError, match="peer died"):
+        work.wait()
+    assert fence.orders == 0
+
+
+def test_a_work_without_a_fence_is_unchanged():
+    work = Work()
+    assert not work.is_completed()
+    work.set_result(None)
+    assert work.is_completed() and work.wait()
