@@ -257,15 +257,12 @@ class Engine:
         done: list[tuple[RecvOp, Any]] = []
         with self._lock:
             refusal = self._refusal()
-            if refusal is None:  # ring entries before anything this receive could take
-                for channel in rings:
-                    self._drain(channel, done, force=True)
+            # A queued unexpected message from a rank came before everything still in that
+            # rank's ring (shm_p2p, "Order"), so the queue is looked at first.
             message = None if refusal else self._table.take_unexpected(src, tag)
             if refusal is None and message is None and self._held:
                 bound, released = self._release_held(op)
                 if not bound:  # a held message turned unexpected may be the one
-                    for channel in rings:  # or a ring entry that waited for it
-                        self._drain(channel, done, force=True)
                     message = self._table.take_unexpected(src, tag)
             if refusal is None and message is None and not bound:
                 refusal = self._recv_refusal(src)
@@ -279,6 +276,8 @@ class Engine:
                     # never sleeps longer than PROBE_AFTER_S (_probe_timeout), so a due probe
                     # goes out at most that late.
                     self._tracker.wake_needed = False
+                    for channel in rings:  # an entry for this receive lands in place
+                        self._drain(channel, done, force=True)
             if message is not None and not message.done:
                 if len(message.buffer) == view.nbytes:
                     message.waiter = op  # completes when the rest of the body is in

@@ -152,18 +152,28 @@ class Segment:
             raw[(_W_TINY + 8 * p + 1) * 8 : (_W_TINY + 8 * p + 1) * 8 + TINY_BYTES]
             for p in range(2)
         ]
-        base_p2p = CTRL_BYTES + SLOTS * slot_bytes
-        area = P2P_CTRL_BYTES + P2P_RING_BYTES
-        #: Per host rank q: the control line of pair area q as int64 words, and its ring.
-        self.p2p_ctrl = [
-            raw[base_p2p + q * area : base_p2p + q * area + P2P_CTRL_BYTES].cast("q")
-            for q in range(ranks)
-        ]
-        self.p2p_ring = [
-            raw[base_p2p + q * area + P2P_CTRL_BYTES : base_p2p + (q + 1) * area]
-            for q in range(ranks)
-        ]
         raw.release()
+        self._pairs: dict[int, tuple[memoryview, memoryview]] = {}
+
+    def pair(self, q: int) -> tuple[memoryview, memoryview]:
+        """Return pair area ``q``: its control line as int64 words and its ring (cached).
+
+        Made on demand: a rank uses all pair areas of its own segment but only its own area of
+        each peer's, so views of the others are never made.
+        """
+        views = self._pairs.get(q)
+        if views is None:
+            if not 0 <= q < self.ranks:
+                raise IndexError(f"tcp shm: no pair area {q} (segment has {self.ranks})")
+            start = CTRL_BYTES + SLOTS * self.slot_bytes + q * (P2P_CTRL_BYTES + P2P_RING_BYTES)
+            raw = memoryview(self.mm)
+            views = (
+                raw[start : start + P2P_CTRL_BYTES].cast("q"),
+                raw[start + P2P_CTRL_BYTES : start + P2P_CTRL_BYTES + P2P_RING_BYTES],
+            )
+            raw.release()
+            self._pairs[q] = views
+        return views
 
     @staticmethod
     def size_for(slot_bytes: int, ranks: int = 0) -> int:
@@ -243,10 +253,11 @@ class Segment:
             with contextlib.suppress(BufferError):  # a NumPy view left to the GC: it goes too
                 view.release()
         self.tiny = []
-        for view in [*self.p2p_ctrl, *self.p2p_ring]:
-            with contextlib.suppress(BufferError):
-                view.release()
-        self.p2p_ctrl, self.p2p_ring = [], []
+        for views in self._pairs.values():
+            for view in views:
+                with contextlib.suppress(BufferError):
+                    view.release()
+        self._pairs.clear()
         self.ctrl.release()
         try:
             self.mm.close()

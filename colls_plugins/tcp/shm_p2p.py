@@ -23,7 +23,9 @@ are in); and before the engine matches a socket message from a host peer, it mov
 entry that may enter into the table first (those were written before the socket message was
 sent, so they are visible by the time its header is read). A socket message the engine holds
 unread (:mod:`colls_plugins.tcp.engine`) is counted only when it is released, so no later ring
-entry can overtake it.
+entry can overtake it. It follows that every unexpected message queued from a rank was sent
+before every entry still in that rank's ring: a receive looks at the queue first, is posted,
+and then takes ring entries (the one it matches is copied straight into its buffer).
 
 **Buffering.** The ring itself is bounded. Entries leave it for the unexpected queue only when
 they must (a receive for that rank is posted, or a socket message behind them arrives) or while
@@ -92,11 +94,10 @@ class Channel:
         self.rank = rank  # the peer's group rank
         self._group = group
         self._index = peer  # its host rank
-        mine, theirs = group.segments[me], group.segments[peer]
-        self._out_ctrl = mine.p2p_ctrl[peer]  # [0] my head to it, [1] what I consumed of its ring
-        self._out = mine.p2p_ring[peer]
-        self._in_ctrl = theirs.p2p_ctrl[me]  # [0] its head to me, [1] what it consumed of mine
-        self._in = theirs.p2p_ring[me]
+        # [0] my head to it, [1] what I consumed of its ring; and the ring I write
+        self._out_ctrl, self._out = group.segments[me].pair(peer)
+        # [0] its head to me, [1] what it consumed of mine; and the ring it writes
+        self._in_ctrl, self._in = group.segments[peer].pair(me)
         self.send_lock = threading.Lock()
         self.head = 0
         self.sockets_sent = 0
