@@ -253,7 +253,14 @@ def from_any(obj: Any) -> DType:
 
 
 def bf16_to_float32(words: np.ndarray) -> np.ndarray:
-    """Return the float32 values of bfloat16 ``uint16`` words (exact; a new array)."""
+    """Return the float32 values of bfloat16 ``uint16`` words (exact; a new array).
+
+    CuPy words (a bfloat16 reduction on a CUDA array) give a CuPy array, through array methods.
+    """
+    if not isinstance(words, np.ndarray):
+        device_wide = words.astype(np.uint32)
+        device_wide <<= _BF16_SHIFT
+        return device_wide.view(np.float32)  # type: ignore[no-any-return]
     wide = np.empty(words.shape, dtype=np.uint32)
     np.left_shift(words, _BF16_SHIFT, out=wide, dtype=np.uint32)
     return wide.view(np.float32)
@@ -272,7 +279,8 @@ def float32_to_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.nda
     Returns:
         The ``uint16`` words (``out`` when given).
     """
-    values = np.asarray(values, dtype=np.float32)
+    if not hasattr(values, "__cuda_array_interface__"):  # CuPy stays CuPy
+        values = np.asarray(values, dtype=np.float32)
     bits = values.view(np.uint32)
     rounded = bits >> _BF16_SHIFT
     rounded &= 1
@@ -280,8 +288,9 @@ def float32_to_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.nda
     rounded += bits
     rounded >>= _BF16_SHIFT
     if out is None:
-        out = np.empty(values.shape, dtype=np.uint16)
-    np.copyto(out, rounded, casting="unsafe")
+        out = rounded.astype(np.uint16)  # NumPy's or CuPy's, as ``values`` is
+    else:
+        np.copyto(out, rounded, casting="unsafe")
     nan = np.isnan(values)
     if nan.any():
         out[nan] = BF16_CANONICAL_NAN
