@@ -61,15 +61,17 @@ def ordered_stream(rank: int, world: int) -> dict[str, int]:
 
 
 def die_while_peer_waits(rank: int, world: int) -> tuple[float, str]:
-    """Rank 0 exits while rank 1 waits for its message; rank 1 reports when its receive failed."""
+    """Rank 0 exits while rank 1 waits for its message; rank 1 reports how long its receive
+    waited before it failed, and the error."""
     colls.barrier()
     if rank == 0:
         time.sleep(0.5)
         os._exit(0)  # no goodbye, no close: the peer must notice the death
     out = np.empty(8, np.uint8)
+    posted = time.monotonic()
     work = colls.irecv(out, 0, tag=1)
     try:
         work.wait()
     except CollsError as exc:
-        return time.time(), f"{type(exc).__name__}: {exc}"
-    return time.time(), "no error"
+        return time.monotonic() - posted, f"{type(exc).__name__}: {exc}"
+    return time.monotonic() - posted, "no error"

@@ -217,7 +217,7 @@ def test_colls_shm_0_keeps_point_to_point_on_sockets(hosts, monkeypatch):
 def test_a_dead_host_peer_fails_a_pending_receive_fast_naming_it():
     results = spawn(shm_p2p_workers.die_while_peer_waits, 2, victims=(0,), timeout=80,
                     group_timeout=60)
-    when, message = results[1]
+    waited, message = results[1]
     assert "rank 0" in message and ("lost" in message or "died" in message), message
-    # rank 0 exits 0.5 s after the barrier; the group timeout (60 s) is far away
-    assert time.time() - when < 60 and message != "no error"
+    # rank 0 exits 0.5 s after the barrier: the receive fails long before the group timeout
+    assert waited < 15.0, f"the receive failed {waited:.1f} s after it was posted"
