@@ -160,6 +160,10 @@ class Engine:
         self._channels: dict[int, Channel] = {}  # host peers reached through shared memory
         self._channel_list: list[Channel] = []
         self._shm_group: Any = None  # the host's ShmGroup once use_shm ran
+        self._arrivals: dict[int, int] = {}  # socket messages per rank that reached the table
+        # What a send written into a ring returns: it is complete and can never fail, so one
+        # finished Work serves them all (a new one costs a future and a lock per send).
+        self._delivered = Work.completed(description="tcp send (written into shared memory)")
         self._long_sleep = False  # the progress thread sleeps without looking at the rings
         self._ring_post_at = 0.0  # when a receive a ring may complete was last posted
         if self._world_size == 1:
@@ -190,22 +194,24 @@ class Engine:
                 f"tcp: rank {self.rank}: send to rank {dst}: array has {view.nbytes} bytes, more "
                 f"than COLLS_MAX_MESSAGE_BYTES={self._max_message} allows"
             )
-        work = Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
+        channel = self._channels.get(dst)
+        if channel is not None:
+            with channel.send_lock:  # the ring and the socket count stay in send order
+                peer = self._peers.get(dst)
+                if (
+                    self._refusal() is None and (peer is None or peer.dead is None)
+                    and channel.try_send(view, tag)
+                ):
+                    return self._delivered
+                channel.sockets_sent += 1
+                return self._send_socket(self._send_work(dst, tag), view, dst, tag, array)
+        work = self._send_work(dst, tag)
         if dst == self.rank:
             return self._send_local(work, view, tag)
-        channel = self._channels.get(dst)
-        if channel is None:
-            return self._send_socket(work, view, dst, tag, array)
-        with channel.send_lock:  # the ring and the socket count stay in send order
-            peer = self._peers.get(dst)
-            if (
-                self._refusal() is None and (peer is None or peer.dead is None)
-                and channel.try_send(view, tag)
-            ):
-                work.set_result(None)
-                return work
-            channel.sockets_sent += 1
-            return self._send_socket(work, view, dst, tag, array)
+        return self._send_socket(work, view, dst, tag, array)
+
+    def _send_work(self, dst: int, tag: int) -> Work:
+        return Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
 
     def _send_socket(self, work: Work, view: memoryview, dst: int, tag: int, array: Any
                      ) -> Work:
@@ -304,10 +310,23 @@ class Engine:
         Called once, right after the backend mapped the host's memory and before any
         point-to-point call.
         """
-        self._channels = dict(channels.by_rank)
-        self._channel_list = list(channels.all)
-        self._shm_group = channels.group
+        with self._lock:
+            self._channels = dict(channels.by_rank)
+            self._channel_list = list(channels.all)
+            self._shm_group = channels.group
         self._long_sleep = True  # the thread went to sleep before it had rings to look at
+        # Only now may peers write into our rings: a socket message read before this point was
+        # matched without looking at them (shm_p2p, "Order").
+        channels.group.p2p_open()
+
+    def _count_arrival(self, src: int) -> None:
+        """Count a socket message from ``src`` that reached the match table (lock held).
+
+        Counted for every rank from the start, before the host's memory is attached: a host
+        peer that attached first may already have sent over the socket, and its ring entries
+        count those messages too.
+        """
+        self._arrivals[src] = self._arrivals.get(src, 0) + 1
 
     def _rings_for(self, src: int | None) -> list[Channel]:
         """Return the rings a receive from ``src`` (None: any rank) may take a message from."""
@@ -331,7 +350,7 @@ class Engine:
             if entry is None:
                 return
             tag, nbytes, before = entry
-            if before > channel.sockets_received:
+            if before > self._arrivals.get(src, 0):
                 return
             op = self._table.match_arrival(src, tag)
             if op is None and not force:
@@ -821,9 +840,7 @@ class Engine:
                 target = memoryview(peer.rx_msg.buffer)
             peer.rx_view, peer.rx_pos = target, 0
             peer.rx_mode = RX_BODY  # last: a reader checks the mode without the lock
-            channel = self._channels.get(peer.rank)
-            if channel is not None:  # it reached the table: ring entries behind it may follow
-                channel.sockets_received += 1
+            self._count_arrival(peer.rank)
         return bound, peers
 
     def _flush(self, peer: Peer) -> None:
@@ -965,8 +982,8 @@ class Engine:
             op = self._table.match_arrival(peer.rank, tag)
             stale, conflict = self._tracker.on_arrival(peer.rank, tag, op is not None, self._table)
             hold = op is None and not stale and self._must_hold(peer.rank, nbytes)
-            if channel is not None and not hold:  # in the table: ring entries behind may follow
-                channel.sockets_received += 1
+            if not hold:
+                self._count_arrival(peer.rank)
             if hold:
                 self._hold(peer, tag, nbytes)
             elif op is None:
@@ -1010,6 +1027,13 @@ class Engine:
         """Mark ``peer`` dead and fail the work that depended on it (progress thread)."""
         if peer.dead is not None:
             return
+        channel = self._channels.get(peer.rank)
+        if channel is not None:  # what it wrote into its ring before it left is delivered
+            delivered: list[tuple[RecvOp, Any]] = []
+            with self._lock:
+                if self._refusal() is None:
+                    self._drain(channel, delivered, force=True)
+            self._finish(delivered)
         error = NetworkError(
             f"tcp: connection to rank {peer.rank} ({peer.address}) lost: {cause}"
         )

@@ -20,7 +20,7 @@ A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_byt
 
     control page, int64 words written only by the owner:
       [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
-      [17] threads blocked waiting for a point-to-point message
+      [17] threads blocked waiting for a point-to-point message   [18] p2p rings attached
       [64 + 8p] stamp of tiny message p (p = 0, 1)   [65 + 8p ... 71 + 8p] its payload (56 bytes)
     pair area q (P2P_CTRL_BYTES + P2P_RING_BYTES, the owner's own index unused):
       [0] head: bytes written into the ring to q   [1] consumed: bytes read of q's ring to the owner
@@ -95,6 +95,8 @@ _MAGIC = 0x434F4C4C5353484D  # "COLLSSHM"
 _W_MAGIC, _W_TOKEN, _W_SEQ, _W_SLEEP, _W_STAMP = 0, 1, 8, 16, 24  # int64 word offsets
 #: Threads of the owner blocked waiting for a point-to-point message (shm_p2p).
 _W_P2P_SLEEP = 17
+#: 1 once the owner's engine reads its point-to-point rings (peers write them only then).
+_W_P2P_OPEN = 18
 #: First word of the two tiny-message lines (each: stamp, then payload), cache-line aligned.
 _W_TINY = 64
 #: Payload bytes of one tiny message: a cache line less its stamp.
@@ -409,6 +411,15 @@ class ShmGroup:
             self._me[_W_P2P_SLEEP] += change
         if change > 0:
             self._fence()
+
+    def p2p_open(self) -> None:
+        """Tell peers that this rank's engine now reads its rings (shm_p2p)."""
+        self._fence()  # the engine's state is set before peers can see the flag
+        self._me[_W_P2P_OPEN] = 1
+
+    def p2p_is_open(self, peer: int) -> bool:
+        """Whether host rank ``peer``'s engine reads its rings."""
+        return bool(self._ctrls[peer][_W_P2P_OPEN])
 
     def p2p_wake(self, peer: int) -> None:
         """Wake host rank ``peer`` if a thread of it blocks for a p2p message (after a write)."""

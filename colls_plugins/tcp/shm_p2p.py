@@ -27,6 +27,11 @@ entry can overtake it. It follows that every unexpected message queued from a ra
 before every entry still in that rank's ring: a receive looks at the queue first, is posted,
 and then takes ring entries (the one it matches is copied straight into its buffer).
 
+A rank writes into a peer's ring only once that peer's engine has attached its rings (a word
+in the peer's control page): before, the peer's engine matched socket messages without looking
+at the rings. Socket messages are counted on both sides from the start, so the messages a rank
+sent over the socket while its peer was still attaching count too.
+
 **Buffering.** The ring itself is bounded. Entries leave it for the unexpected queue only when
 they must (a receive for that rank is posted, or a socket message behind them arrives) or while
 the unexpected bytes stay under the engine's :data:`~colls_plugins.tcp.engine.MAX_UNEXPECTED_BYTES`.
@@ -87,7 +92,7 @@ class Channel:
     """Both directions between this rank and one host peer: the ring to it and the ring from it.
 
     Send state (``head``, ``sockets_sent``) is guarded by ``send_lock``; receive state
-    (``consumed``, ``sockets_received``) by the engine's lock.
+    (``consumed``) by the engine's lock, which also counts the socket messages that arrived.
     """
 
     def __init__(self, rank: int, group: ShmGroup, me: int, peer: int) -> None:
@@ -102,7 +107,7 @@ class Channel:
         self.head = 0
         self.sockets_sent = 0
         self.consumed = 0
-        self.sockets_received = 0
+        self._open = False  # the peer has attached its rings (seen once, then remembered)
 
     # -- sending -------------------------------------------------------------------------------
     def try_send(self, view: memoryview, tag: int) -> bool:
@@ -110,6 +115,10 @@ class Channel:
         nbytes = view.nbytes
         if nbytes > INLINE_MAX_BYTES:
             return False
+        if not self._open:
+            if not self._group.p2p_is_open(self._index):
+                return False  # its engine would match our later socket messages first
+            self._open = True
         size = entry_bytes(nbytes)
         head = self.head
         pos = head % P2P_RING_BYTES

@@ -16,7 +16,7 @@ import pytest
 import shm_p2p_workers
 from tcp_helpers import WAIT
 
-from colls.errors import BackendError
+from colls.errors import BackendError, NetworkError
 from colls.options import BackendOptions
 from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
@@ -221,3 +221,37 @@ def test_a_dead_host_peer_fails_a_pending_receive_fast_naming_it():
     assert "rank 0" in message and ("lost" in message or "died" in message), message
     # rank 0 exits 0.5 s after the barrier: the receive fails long before the group timeout
     assert waited < 15.0, f"the receive failed {waited:.1f} s after it was posted"
+
+
+@pytest.mark.timeout(60)
+def test_a_message_written_before_the_sender_closed_is_still_received(hosts):
+    a, b = hosts([0, 0])
+    a.isend(np.array([5, 6]), 1, 2).wait(WAIT)  # in b's ring from a, nobody receiving yet
+    a.close()  # says goodbye over the connection: b's engine marks rank 0 gone
+    deadline = time.monotonic() + WAIT
+    while b._engine._peers[0].dead is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b._engine._peers[0].dead is not None
+    out = np.zeros(2, np.int64)
+    assert b.irecv(out, 0, 2).result() == 0 and out.tolist() == [5, 6]
+    with pytest.raises(NetworkError, match="rank 0"):  # nothing more can come from it
+        b.irecv(np.zeros(2, np.int64), 0, 2).wait(WAIT)
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_still_attaching_gets_socket_messages_that_its_ring_entries_count(hosts):
+    a, b = hosts([0, 0])
+    open_word = b._shm._me  # b's control page; word 18: b's engine reads its rings
+    open_word[18] = 0  # as while b's constructor has not attached them yet
+    for i in range(3):
+        a.isend(np.full(4, i, np.int32), 1, 1).wait(WAIT)  # over the socket
+    time.sleep(0.1)  # b's engine matches (queues) them before anything in a ring
+    open_word[18] = 1
+    for i in range(3, 6):
+        a.isend(np.full(4, i, np.int32), 1, 1).wait(WAIT)  # through the ring
+    channel = _channel(a, 1)
+    assert channel.sockets_sent == 3 and channel.head == 3 * entry_bytes(16)
+    outs = [np.zeros(4, np.int32) for _ in range(6)]
+    works = [b.irecv(out, 0, 1) for out in outs]
+    assert [w.result() for w in works] == [0] * 6
+    assert [int(out[0]) for out in outs] == list(range(6))
