@@ -284,9 +284,14 @@ class ShmGroup:
         same_process: bool,
         timeout: float,
         peer_error: Callable[[int], BaseException | None],
+        group_ranks: Sequence[int] | None = None,
     ) -> None:
         self.rank = rank
         self.size = len(segments)
+        #: The group rank of each host rank (messages name group ranks; indices stay local).
+        self.group_ranks = tuple(group_ranks) if group_ranks is not None else tuple(
+            range(self.size))
+        self.group_rank = self.group_ranks[rank]
         self.segments = segments
         self.slot_bytes = slot_bytes
         self.timeout = timeout
@@ -392,8 +397,9 @@ class ShmGroup:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CollsTimeoutError(
-                        f"rank {self.rank}: {what} did not complete within {self.timeout:.1f} s "
-                        f"(shared memory; no progress from ranks {pending})"
+                        f"rank {self.group_rank}: {what} did not complete within "
+                        f"{self.timeout:.1f} s (shared memory; no progress from ranks "
+                        f"{[self.group_ranks[r] for r in pending]})"
                     )
                 self._sleep(min(BLOCK_SLICE_SECONDS, remaining))
         finally:
@@ -478,7 +484,8 @@ class ShmGroup:
             theirs = ctrls[r][word]
             if theirs != mine:
                 raise BackendError(
-                    f"rank {self.rank}: {what}: {describe_tag_conflict(mine, theirs, r)}"
+                    f"rank {self.group_rank}: {what}: "
+                    f"{describe_tag_conflict(mine, theirs, self.group_ranks[r])}"
                 )
 
     def typed(self, rank: int, slot: int, dtype: np.dtype[Any]) -> np.ndarray:
@@ -509,7 +516,8 @@ class ShmGroup:
         for r in self.peers:
             if ctrls[r][word] != mine:
                 raise BackendError(
-                    f"rank {self.rank}: {what}: {describe_tag_conflict(mine, ctrls[r][word], r)}"
+                    f"rank {self.group_rank}: {what}: "
+                    f"{describe_tag_conflict(mine, ctrls[r][word], self.group_ranks[r])}"
                 )
 
     def tiny_payloads(self, line: int, fmt: str) -> list[memoryview]:

@@ -54,7 +54,7 @@ def _piece_elements(g: ShmGroup, itemsize: int, per_piece_parts: int = 1) -> int
 
 def barrier(g: ShmGroup, tag: int) -> None:
     """Return once every rank has entered the barrier (whose ``tag`` every rank must share)."""
-    what = f"barrier (shm) on rank {g.rank}"
+    what = f"barrier (shm) on rank {g.group_rank}"
     slot = g.claim_slot(tag, what)
     g.post()
     g.wait_all(g.phase, what)
@@ -75,7 +75,7 @@ def all_reduce(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> None:
 
 
 def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> None:
-    what = f"all_reduce (shm flat) on rank {g.rank}"
+    what = f"all_reduce (shm flat) on rank {g.group_rank}"
     dtype, n, rank = array.dtype, g.size, g.rank
     step = _piece_elements(g, dtype.itemsize)
     for a, b in segments(0, array.size, step):
@@ -95,7 +95,7 @@ def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> Non
 
 
 def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> None:
-    what = f"all_reduce (shm reduce-scatter/all-gather) on rank {g.rank}"
+    what = f"all_reduce (shm reduce-scatter/all-gather) on rank {g.group_rank}"
     dtype, n, rank = array.dtype, g.size, g.rank
     step = _piece_elements(g, dtype.itemsize)
     for a, b in segments(0, array.size, step):
@@ -131,7 +131,7 @@ def broadcast(g: ShmGroup, array: Array, root: int, tag: int) -> None:
     """Copy ``root``'s ``array`` into every rank's ``array``."""
     if array.size == 0:
         return
-    what = f"broadcast (shm) on rank {g.rank}"
+    what = f"broadcast (shm) on rank {g.group_rank}"
     dtype = array.dtype
     step = _piece_elements(g, dtype.itemsize)
     for a, b in segments(0, array.size, step):
@@ -151,7 +151,7 @@ def reduce(g: ShmGroup, array: Array, root: int, op: ReduceSpec, tag: int) -> No
     """Reduce into ``root``'s ``array`` (rank order); the others' arrays are left unchanged."""
     if array.size == 0:
         return
-    what = f"reduce (shm) on rank {g.rank}"
+    what = f"reduce (shm) on rank {g.group_rank}"
     dtype, n = array.dtype, g.size
     step = _piece_elements(g, dtype.itemsize)
     others = [r for r in range(n) if r != root]
@@ -175,7 +175,7 @@ def all_gather(g: ShmGroup, output: Array, input: Array, tag: int) -> None:
     count = input.size
     if count == 0:
         return
-    what = f"all_gather (shm) on rank {g.rank}"
+    what = f"all_gather (shm) on rank {g.group_rank}"
     dtype, n, rank = input.dtype, g.size, g.rank
     step = _piece_elements(g, dtype.itemsize)
     output[rank * count : (rank + 1) * count] = input
@@ -196,7 +196,7 @@ def reduce_scatter(g: ShmGroup, output: Array, input: Array, op: ReduceSpec, tag
     count = output.size
     if count == 0:
         return
-    what = f"reduce_scatter (shm) on rank {g.rank}"
+    what = f"reduce_scatter (shm) on rank {g.group_rank}"
     dtype, n, rank = input.dtype, g.size, g.rank
     step = _piece_elements(g, dtype.itemsize, n)
     for a, b in segments(0, count, step):

@@ -267,7 +267,7 @@ def _agree(
     same_process = any(p is not None and p.pid == os.getpid() for i, p in enumerate(peers)
                        if i != me)
     return ShmGroup(me, segments, slot, wake_sock, addrs, same_process, timeout,
-                    _local_errors(local, peer_error))
+                    _local_errors(local, peer_error), group_ranks=local)
 
 
 def _local_errors(

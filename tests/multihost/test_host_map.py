@@ -20,10 +20,11 @@ import pytest
 from colls import dtypes, fingerprint
 from colls.algorithms import hierarchical
 from colls.algorithms.hosts import HostMap
+from colls.errors import BackendError
 from colls.options import BackendOptions
 from colls.reduce_ops import resolve_op
 from colls.store import HashStore, PrefixStore
-from colls_plugins.tcp import shm_setup
+from colls_plugins.tcp import shm_collectives, shm_setup
 from colls_plugins.tcp.backend import TcpBackend
 
 pytestmark = pytest.mark.timeout(120)
@@ -159,6 +160,29 @@ def test_the_backend_runs_two_levels_over_shared_memory_and_sockets(hosts_by_thr
             np.testing.assert_array_equal(out[r], np.repeat(np.arange(4, dtype=np.int32), 5))
         assert shapes == {"all_reduce:two_level": 4, "all_gather:two_level": 4,
                           "barrier:leader": 4}
+    finally:
+        for b in backends:
+            b.close()
+
+
+def test_shared_memory_errors_name_group_ranks_not_host_indices(hosts_by_thread):
+    layout = [0, 0, 1, 1]
+    hosts_by_thread(layout)
+    backends = _make_group(layout, "names")
+    try:
+        second_host = [backends[2]._shm, backends[3]._shm]
+        assert [g.group_ranks for g in second_host] == [(2, 3), (2, 3)]
+        tags = [fingerprint.collective_tag(7, 0), fingerprint.collective_tag(8, 0)]
+
+        def mismatched(i: int) -> str:
+            with pytest.raises(BackendError) as info:
+                shm_collectives.barrier(second_host[i], tags[i])
+            return str(info.value)
+
+        messages = _on_threads(mismatched, 2)
+        assert messages[0].startswith("rank 2: barrier (shm) on rank 2: "), messages[0]
+        assert "rank 3" in messages[0] and "rank 1" not in messages[0], messages[0]
+        assert messages[1].startswith("rank 3: barrier (shm) on rank 3: "), messages[1]
     finally:
         for b in backends:
             b.close()
