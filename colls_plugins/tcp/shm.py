@@ -69,6 +69,7 @@ import mmap
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -125,6 +126,11 @@ P2P_CTRL_BYTES = 64
 P2P_RING_BYTES = 64 << 10
 #: Seals every segment carries: its size can never change, nor its seals.
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+#: CPython's mmap keeps a duplicate of the file descriptor it maps unless told not to (Python
+#: 3.13+): without this, every mapped peer segment holds one descriptor for the group's life.
+_UNTRACKED_FD: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
 
 class Segment:
     """One rank's memory: a control page and ``SLOTS`` data slots, mapped into this process.
@@ -216,7 +222,7 @@ class Segment:
                 raise ValueError(f"segment of pid {pid} has the wrong size (expected {size})")
             if fcntl.fcntl(handle, fcntl.F_GET_SEALS) & SEALS != SEALS:
                 raise ValueError(f"segment of pid {pid} is not sealed against resizing")
-            mm = mmap.mmap(handle, size, prot=mmap.PROT_READ)
+            mm = mmap.mmap(handle, size, prot=mmap.PROT_READ, **_UNTRACKED_FD)
         finally:
             os.close(handle)
         seg = cls(mm, slot_bytes, ranks=ranks)
