@@ -705,7 +705,9 @@ class Engine:
             # receives does not wake the thread once each.
             self._long_sleep = True
             now = time.monotonic()
-            if self._table.posted_count() or now - self._ring_post_at < TICK_LINGER_SECONDS:
+            with self._lock:  # caller threads post and take receives meanwhile
+                posted = self._table.posted_count()
+            if posted or now - self._ring_post_at < TICK_LINGER_SECONDS:
                 self._long_sleep = False
                 timeout = min(timeout, TICK_SECONDS)  # a ring entry wakes no one: look
         if self._incoming:

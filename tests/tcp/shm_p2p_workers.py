@@ -75,3 +75,20 @@ def die_while_peer_waits(rank: int, world: int) -> tuple[float, str]:
     except CollsError as exc:
         return time.monotonic() - posted, f"{type(exc).__name__}: {exc}"
     return time.monotonic() - posted, "no error"
+
+
+def ping_pong(rank: int, world: int, rounds: int) -> int:
+    """Bounce one float64 between ranks 0 and 1, adding one each way; return the last value.
+
+    Thousands of back-to-back receives race the progress thread's look at the match table.
+    """
+    value = np.zeros(1, np.float64)
+    for _ in range(rounds):
+        if rank == 0:
+            colls.send(value, dst=1)
+            colls.recv(value, src=1)
+        else:
+            colls.recv(value, src=0)
+            value += 2
+            colls.send(value, dst=0)
+    return int(value[0])
