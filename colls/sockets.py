@@ -15,7 +15,9 @@ computation, a debugger) is never mistaken for a vanished host, with one excepti
 :func:`bound_unacknowledged` exists for: Linux drops a connection whose peer keeps its receive
 window closed longer than ``TCP_USER_TIMEOUT``, even while the peer answers every probe. The tcp
 engine closes the window on purpose when it holds a large message unread, so it tells the sender,
-which lifts the bound on that connection until the hold ends.
+which lifts the bound on that connection until the hold ends; the holder renews that lift every
+keepalive interval, and a lift that is not renewed within the bound counts as a vanished host
+(:mod:`colls_plugins.tcp._holds`).
 """
 
 from __future__ import annotations
@@ -35,18 +37,31 @@ def _timing() -> tuple[int, int, int]:
     )
 
 
+def bound_s() -> float:
+    """Seconds after which a silent peer counts as vanished: idle + interval x count."""
+    idle, interval, count = _timing()
+    return float(idle + interval * count)
+
+
+def probe_interval_s() -> float:
+    """Seconds between two keepalive probes (``COLLS_KEEPALIVE_INTERVAL``)."""
+    return float(_timing()[1])
+
+
 def bound_unacknowledged(sock: socket.socket, on: bool) -> None:
     """Drop ``sock`` when sent data stays unacknowledged for the keepalive bound, or stop doing so.
 
     ``on=False`` is for a connection whose peer said it keeps its window closed on purpose (a held
-    message): keepalive still watches it once nothing is in flight.
+    message). Nothing in the kernel watches such a connection any more (keepalive does not probe
+    one with data queued), so whoever lifts the bound must watch the peer itself
+    (:mod:`colls_plugins.tcp._holds`).
     """
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     if option is None:
         return
-    idle, interval, count = _timing()
+    milliseconds = int(bound_s() * 1000) if on else 0
     with contextlib.suppress(OSError):  # e.g. a socket that is already closed by its peer
-        sock.setsockopt(socket.IPPROTO_TCP, option, (idle + interval * count) * 1000 if on else 0)
+        sock.setsockopt(socket.IPPROTO_TCP, option, milliseconds)
 
 
 def enable_keepalive(sock: socket.socket) -> None:

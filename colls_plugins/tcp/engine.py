@@ -19,7 +19,9 @@ Threads and what they touch:
   from any rank, turns a held message into an ordinary unexpected one, so no message can block
   the stream behind it. The holder tells the sender (a ``HOLD_TAG`` frame) when a hold starts and
   ends, so that the sender's kernel does not take the closed window for a vanished host
-  (:func:`colls.sockets.bound_unacknowledged`). A header announcing more than
+  (:func:`colls.sockets.bound_unacknowledged`), and renews it while the hold lasts: a sender that
+  hears nothing for a keepalive bound takes the holder for gone
+  (:mod:`colls_plugins.tcp._holds`). A header announcing more than
   ``COLLS_MAX_MESSAGE_BYTES`` loses the connection (a NetworkError naming the peer) before any
   memory is reserved. For each
   writable peer it flushes the send queue with gathered ``sendmsg`` calls. ``recv_into`` and
@@ -70,6 +72,7 @@ from colls.matching import (
 from colls.sockets import bound_unacknowledged
 from colls.work import Work
 from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, HOLD_TAG, HelloError, byte_view
+from colls_plugins.tcp._holds import Leases, Renewals
 from colls_plugins.tcp._links import Links
 from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
@@ -154,6 +157,8 @@ class Engine:
         self._peers = self._links.peers  # read freely; changed under the links' lock only
         self._incoming: dict[socket.socket, Incoming] = {}  # handshakes (progress thread)
         self._held: set[Peer] = set()  # peers in RX_HELD (guarded by _lock)
+        self._renewals = Renewals()  # when this rank next renews its holds (tcp._holds)
+        self._leases: Leases[Peer] = Leases()  # peers that hold a message of this rank
         self._scratch: memoryview | None = None
         self._max_message = int(env.get("COLLS_MAX_MESSAGE_BYTES"))
         self._thread: threading.Thread | None = None
@@ -673,6 +678,10 @@ class Engine:
             while not self._closed:
                 if self._tracker.next_probe is not None:
                     self._send_probes()
+                if self._held and self._renewals.due():
+                    self._renew_holds()
+                if self._leases:
+                    self._drop_silent_holders()
                 for key, mask in self._selector.select(self._select_timeout()):
                     peer = key.data
                     if peer is None:
@@ -813,8 +822,22 @@ class Engine:
         """Leave the body of ``peer``'s message unread until its receive is posted (lock held)."""
         peer.held_tag, peer.held_nbytes = tag, nbytes
         peer.rx_mode = RX_HELD
+        self._renewals.started(holding_before=bool(self._held))
         self._held.add(peer)
         self._send_control(peer, HOLD_TAG, 1)
+
+    def _renew_holds(self) -> None:
+        """Tell every peer whose message this rank still holds that it does (progress thread)."""
+        with self._lock:  # under the lock, so a renewal never follows the release it would undo
+            for peer in self._held:
+                self._send_control(peer, HOLD_TAG, 1)
+
+    def _drop_silent_holders(self) -> None:
+        """Fail the peers that held a message of ours and stopped renewing (progress thread)."""
+        for peer in self._leases.expired(deaf_to=lambda held: held.rx_mode == RX_HELD):
+            self._fail_peer(peer, f"it held a message of rank {self.rank} unread and sent no "
+                            f"word for {self._leases.length_s:.0f} s (COLLS_KEEPALIVE_*): its "
+                            "host is gone or the link to it is down")
 
     def _release_held(self, op: RecvOp) -> tuple[bool, list[Peer]]:
         """Let receive ``op`` take a held message, or release those that could block it.
@@ -966,6 +989,10 @@ class Engine:
             self._on_probe(peer, probed_tag(nbytes))
         elif tag == HOLD_TAG:  # the peer holds our message unread (1) or no longer (0)
             peer.reset_rx()
+            if nbytes:
+                self._leases.grant(peer)
+            else:
+                self._leases.end(peer)
             bound_unacknowledged(peer.sock, on=nbytes == 0)
         elif nbytes > self._max_message:
             self._fail_peer(peer, f"it announced a message of {nbytes} bytes (tag {tag}), more "
@@ -1040,6 +1067,7 @@ class Engine:
             f"tcp: connection to rank {peer.rank} ({peer.address}) lost: {cause}"
         )
         peer.dead = error
+        self._leases.end(peer)
         listener = self._on_peer_lost
         if not orderly and listener is not None:
             listener(peer.rank, error)  # colls.health breaks the group before works fail

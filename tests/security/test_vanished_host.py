@@ -8,8 +8,13 @@ comes back, not even a reset, as when a host loses power. Rank 0 must raise an e
 1 within BOUND_S, with a group timeout far longer than that (without keepalive it waits the
 timeout out). Needs root and iproute2; the namespaces are always deleted, also on failure.
 
-Run as a script, this file is one rank (``rank RANK STORE_HOST PORT``); it prints ``port N``
-(rank 0), ``ready`` after a first checked all_reduce, and the error that ended its loop as JSON.
+The second test takes the link down while rank 1 holds a large message of rank 0 unread (its
+receive is not posted): rank 0's kernel then watches nothing (its data waits at a closed window),
+so only the hold's lease (colls_plugins.tcp._holds) can notice. Link down amid the all_reduce
+loop of the first test lands in such a hold now and then.
+
+Run as a script, this file is one rank (``rank MODE RANK STORE_HOST PORT``); it prints ``port
+N`` (rank 0), ``ready`` once its traffic runs, and the error that ended it as JSON.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ GROUP_TIMEOUT_S = 150.0
 #: How long setup (namespaces up, both ranks ready) may take on a loaded machine.
 SETUP_S = 90.0
 
+#: A short keepalive bound (1 + 1 x 3 s) for the held test, so the lease lapses soon.
+SHORT_KEEPALIVE = {"COLLS_KEEPALIVE_IDLE": "1", "COLLS_KEEPALIVE_INTERVAL": "1",
+                   "COLLS_KEEPALIVE_COUNT": "3"}
+
 #: Elements per all_reduce: 4 MiB of float32, so data is in flight when the link goes down.
 COUNT = 1 << 20
 
@@ -55,11 +64,12 @@ def two_hosts() -> Iterator[EmulatedHosts]:
 class _Rank:
     """One rank started in a namespace; its stdout lines arrive on a queue."""
 
-    def __init__(self, namespace: str, rank: int, address: str, store_host: str, port: int,
-                 token: str) -> None:
-        env = dict(os.environ, COLLS_TCP_HOST=address, COLLS_SHM="0", COLLS_AUTH_TOKEN=token)
+    def __init__(self, namespace: str, mode: str, rank: int, address: str, store_host: str,
+                 port: int, token: str, extra_env: dict[str, str]) -> None:
+        env = dict(os.environ, COLLS_TCP_HOST=address, COLLS_SHM="0", COLLS_AUTH_TOKEN=token,
+                   **extra_env)
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, sys.executable, __file__, "rank", str(rank),
+            ["ip", "netns", "exec", namespace, sys.executable, __file__, "rank", mode, str(rank),
              store_host, str(port)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
@@ -94,35 +104,55 @@ class _Rank:
         self.proc.wait(timeout=30)
 
 
-def test_a_vanished_host_fails_the_group_within_the_keepalive_bound(
-    two_hosts: EmulatedHosts,
-) -> None:
+def _run_until_rank_1_vanishes(hosts: EmulatedHosts, mode: str,
+                               extra_env: dict[str, str]) -> tuple[dict[str, str], float]:
+    """Start both ranks in ``mode``, take rank 1's link down, return rank 0's error and delay."""
     token = secrets.token_hex(16)
-    store_host = two_hosts.addresses[0]
+    store_host = hosts.addresses[0]
     ranks: list[_Rank] = []
     try:
-        ranks.append(_Rank(two_hosts.names[0], 0, store_host, store_host, 0, token))
+        ranks.append(_Rank(hosts.names[0], mode, 0, store_host, store_host, 0, token, extra_env))
         port = int(ranks[0].expect("port ", SETUP_S).split()[1])
-        ranks.append(_Rank(two_hosts.names[1], 1, two_hosts.addresses[1], store_host, port,
-                           token))
+        ranks.append(_Rank(hosts.names[1], mode, 1, hosts.addresses[1], store_host, port,
+                           token, extra_env))
         for rank in ranks:
             rank.expect("ready", SETUP_S)
-        time.sleep(1.0)  # let the loop run, so the link goes down mid-collective
-        two_hosts.link_down(1)
+        time.sleep(1.0)  # let the traffic run, so the link goes down mid-transfer
+        hosts.link_down(1)
         down = time.monotonic()
         report = json.loads(ranks[0].expect("{", BOUND_S))
-        elapsed = time.monotonic() - down
+        return report, time.monotonic() - down
     finally:
         for rank in ranks:
             rank.stop()
+
+
+def test_a_vanished_host_fails_the_group_within_the_keepalive_bound(
+    two_hosts: EmulatedHosts,
+) -> None:
+    report, elapsed = _run_until_rank_1_vanishes(two_hosts, "loop", {})
     assert elapsed <= BOUND_S
     assert report["type"] in ("BackendError", "NetworkError"), report
     assert "rank 1" in report["message"], report
     assert two_hosts.addresses[1] in report["message"], report
 
 
-def _rank_main(rank: int, store_host: str, port: int) -> None:
-    """Join the two-rank group and all_reduce until an error; print it as JSON."""
+def test_a_host_that_vanishes_while_it_holds_a_message_fails_the_sender(
+    two_hosts: EmulatedHosts,
+) -> None:
+    report, elapsed = _run_until_rank_1_vanishes(two_hosts, "held", SHORT_KEEPALIVE)
+    assert elapsed <= BOUND_S
+    assert report["type"] in ("BackendError", "NetworkError"), report
+    assert "rank 1" in report["message"] and two_hosts.addresses[1] in report["message"], report
+    assert "held a message of rank 0 unread and sent no word" in report["message"], report
+
+
+def _rank_main(mode: str, rank: int, store_host: str, port: int) -> None:
+    """Join the two-rank group and run ``mode`` until an error; print it as JSON.
+
+    ``loop``: all_reduce and check, again and again. ``held``: rank 0 sends rank 1 a message far
+    larger than the kernel buffers and waits for it; rank 1 never posts the receive.
+    """
     import numpy as np
 
     import colls
@@ -134,6 +164,8 @@ def _rank_main(rank: int, store_host: str, port: int) -> None:
         print(f"port {store.port}", flush=True)
     colls.init_process_group("tcp", store=store, rank=rank, world_size=2,
                              timeout=GROUP_TIMEOUT_S)
+    if mode == "held":
+        _hold_main(rank)
     rounds = 0
     try:
         while True:
@@ -151,5 +183,26 @@ def _rank_main(rank: int, store_host: str, port: int) -> None:
     os._exit(0)
 
 
+def _hold_main(rank: int) -> None:
+    """Rank 0 waits on a send that rank 1 holds unread; rank 1 idles until it is killed."""
+    import numpy as np
+
+    import colls
+
+    if rank == 1:
+        print("ready", flush=True)
+        time.sleep(GROUP_TIMEOUT_S)
+        os._exit(0)
+    work = colls.isend(np.ones(64 << 20, dtype=np.uint8), dst=1, tag=7)
+    time.sleep(1.0)  # the header arrived and rank 1 holds the body by now
+    print("ready", flush=True)
+    try:
+        work.wait()
+        print(json.dumps({"type": "none", "message": "the held send completed"}), flush=True)
+    except colls.CollsError as exc:
+        print(json.dumps({"type": type(exc).__name__, "message": str(exc)}), flush=True)
+    os._exit(0)
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["rank"]:
-    _rank_main(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    _rank_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
