@@ -16,6 +16,8 @@ barrier; a sample is the slowest rank's time per call and a row is the median ov
 
 Each round launches MPICH (``mpiexec``) then colls (``colls-run``) once per world size, so both
 see the same machine load; the table gives the medians over rounds and the ratio colls / MPICH.
+``--pure`` adds a third launch per round, colls with ``COLLS_NATIVE=0`` (the shared-memory layer
+in pure Python even where its compiled extension is built), as a "colls pure" column.
 Launching and the adapters come from :mod:`bench_vs_peers`. The host is shared: the load average
 is printed with the figures.
 """
@@ -41,6 +43,8 @@ import bench_vs_peers as peers  # noqa: E402  (sibling script, not a package)
 #: colls-only cases that bypass the core (the shared-memory layer's own cost).
 BACKEND_CASES = ("all_reduce 8B backend", "barrier backend")
 CASES = ("all_reduce 8B", "barrier", "pingpong 8B")
+#: colls with COLLS_NATIVE=0 (``--pure``): the shared-memory layer without its compiled piece.
+PURE = "colls-pure"
 #: Targets of issue 15 (colls / MPICH), by case and world size.
 TARGETS = {("all_reduce 8B", 2): 2.5, ("all_reduce 8B", 4): 2.0,
            ("barrier", 2): 2.0, ("barrier", 4): 2.0,
@@ -59,6 +63,13 @@ class MpiP2p(peers.Mpi):
 
 class CollsP2p(peers.Colls):
     """colls with send/recv and the backend's shared-memory layer."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        super().__init__(a)
+        from colls import _dispatch
+
+        shm = getattr(_dispatch.default_group().backend, "_shm", None)
+        self.version += f" native={getattr(shm, 'native', None) is not None}"
 
     def send(self, x: np.ndarray, dst: int) -> None:
         self.c.send(x, dst, tag=7)
@@ -121,7 +132,7 @@ def measure(comm, run, a: argparse.Namespace, halve: bool) -> float:
 
 
 def worker(a: argparse.Namespace) -> None:
-    comm = (CollsP2p if a.impl == "colls" else MpiP2p)(a)
+    comm = (CollsP2p if a.impl.startswith("colls") else MpiP2p)(a)
     runs = case_runs(comm)
     out = {}
     for case in CASES + BACKEND_CASES:
@@ -139,20 +150,28 @@ def launch(impl: str, n: int, a: argparse.Namespace) -> dict:
         args = ["worker", "--impl", impl, "--result-file", result, "--burst", str(a.burst),
                 "--samples", str(a.samples)]
         cmds = [[SELF if arg == peers.SELF else arg for arg in cmd]  # this script's workers
-                for cmd in peers.launch_cmds(impl, n, args)]
-        peers.run_procs(cmds, peers.child_env(impl), a.timeout)
+                for cmd in peers.launch_cmds("colls" if impl == PURE else impl, n, args)]
+        env = peers.child_env("colls" if impl == PURE else impl)
+        if impl == PURE:
+            env["COLLS_NATIVE"] = "0"
+        peers.run_procs(cmds, env, a.timeout)
         with open(result) as f:
             return json.load(f)
 
 
 def table(rows: list[dict]) -> str:
-    """Medians over rounds per (n, impl, case), and colls / MPICH with the target."""
+    """Medians over rounds per (n, impl, case), and colls / MPICH with the target.
+
+    With ``colls-pure`` rows, two more columns: its time and colls / colls pure.
+    """
     by: dict[tuple[int, str, str], list[float]] = {}
     for r in rows:
         for case, t in r["t"].items():
             by.setdefault((r["n"], r["impl"], case), []).append(t)
-    lines = ["| case | N | MPICH (us) | colls (us) | colls/MPICH | target |",
-             "|---|---|---|---|---|---|"]
+    pure = any(r["impl"] == PURE for r in rows)
+    lines = ["| case | N | MPICH (us) | colls (us) | colls/MPICH | target |"
+             + (" colls pure (us) | colls/pure |" if pure else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if pure else "")]
     for n in sorted({k[0] for k in by}):
         for case in CASES + BACKEND_CASES:
             c = by.get((n, "colls", case))
@@ -163,8 +182,13 @@ def table(rows: list[dict]) -> str:
             cm = statistics.median(c)
             mm = statistics.median(m) if m else float("nan")
             target = TARGETS.get((case, n))
-            lines.append(f"| {case} | {n} | {mm * 1e6:.2f} | {cm * 1e6:.2f} | {cm / mm:.2f}x | "
-                         f"{f'<= {target}x' if target else '-'} |")
+            line = (f"| {case} | {n} | {mm * 1e6:.2f} | {cm * 1e6:.2f} | {cm / mm:.2f}x | "
+                    f"{f'<= {target}x' if target else '-'} |")
+            if pure:
+                p = by.get((n, PURE, case))
+                pm = statistics.median(p) if p else float("nan")
+                line += f" {pm * 1e6:.2f} | {cm / pm:.2f}x |"
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -173,7 +197,7 @@ def driver(a: argparse.Namespace) -> None:
     load_before = open("/proc/loadavg").read().split()[:3]
     for rnd in range(a.rounds):
         for n in a.sizes:
-            for impl in ("mpi", "colls"):
+            for impl in ("mpi", "colls") + ((PURE,) if a.pure else ()):
                 row = launch(impl, n, a)
                 row.update(round=rnd, load=os.getloadavg())
                 rows.append(row)
@@ -185,8 +209,8 @@ def driver(a: argparse.Namespace) -> None:
                         f.write(json.dumps(row) + "\n")
     load_after = open("/proc/loadavg").read().split()[:3]
     print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; "
-          f"{rows[0]['version']} vs {rows[1]['version']}; burst {a.burst}, samples {a.samples}, "
-          f"rounds {a.rounds}")
+          f"{' vs '.join(r['version'] for r in rows[:2 + a.pure])}; burst {a.burst}, "
+          f"samples {a.samples}, rounds {a.rounds}")
     sys.stdout.write(table(rows))
 
 
@@ -200,7 +224,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=25, help="timed bursts per case")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--json", help="append one JSON line per launch here")
-    p.add_argument("--impl", choices=["mpi", "colls"], help=argparse.SUPPRESS)
+    p.add_argument("--pure", action="store_true",
+                   help="also launch colls with COLLS_NATIVE=0 (a 'colls pure' column)")
+    p.add_argument("--impl", choices=["mpi", "colls", PURE], help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     # bench_vs_peers' adapters read these (gloo only); unused here
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)

@@ -109,6 +109,12 @@ SETTINGS: dict[str, Setting] = {
             "everything on TCP.",
         ),
         Setting(
+            "COLLS_NATIVE", _parse_bool, True,
+            "tcp backend: run the shared-memory hot loop (phase waits, tiny all_reduce) in the "
+            "optional compiled extension when it was built; 0 runs the pure-Python path. Ranks "
+            "may differ.",
+        ),
+        Setting(
             "COLLS_HOST_ID", _parse_str, "",
             "tcp backend: this process's host identity; ranks with equal identities share memory "
             "and form one host of the two-level collectives. Empty means hostname and kernel "

@@ -56,6 +56,13 @@ whether the TCP connection to a missing peer died, so a dead peer fails the coll
 fraction of a second. Peers in the same process (ranks on threads) never spin: a spinning thread
 would hold the GIL they need.
 
+**Compiled or Python.** When the optional extension ``colls_plugins.tcp._shm_native`` is built
+and ``COLLS_NATIVE`` is not 0 (:mod:`colls_plugins.tcp.shm_native` decides, once per group),
+:meth:`ShmGroup.post`, :meth:`ShmGroup.wait`'s spin and yield phases and :meth:`ShmGroup.check`
+run in C (acquire loads, a real fence, the yields without the GIL), as does the tiny
+all_reduce's write and fold. Same memory, same protocol: blocking, timeouts and dead peers stay
+here, and ranks on either path work together.
+
 Ordering relies on x86-64's total store order (stores become visible in program order, loads are
 not reordered with loads), so the shared-memory path is only enabled on x86-64.
 """
@@ -80,6 +87,7 @@ import numpy as np
 from colls.backend import every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
 from colls.fingerprint import describe_tag_conflict
+from colls_plugins.tcp import shm_native
 
 logger = logging.getLogger("colls.tcp")
 
@@ -106,6 +114,8 @@ TINY_BYTES = 56
 #: Busy-poll iterations before yielding (about a microsecond each; none when ranks outnumber
 #: cores).
 SPIN_ITERATIONS = 50
+#: Seconds of one such iteration: the compiled path spins as long as the Python one does.
+SPIN_ITERATION_SECONDS = 1e-6
 #: Longest ``sched_yield`` polling before blocking on the wake-up socket (seconds). Polling keeps
 #: the latency low even on an oversubscribed host (a yield hands the core straight to a runnable
 #: peer, where a sleep would wait for the scheduler to wake us), and costs CPU only while a
@@ -323,6 +333,15 @@ class ShmGroup:
         self._tiny_views: dict[tuple[int, str], list[memoryview]] = {}
         self._tiny_arrays: dict[tuple[int, np.dtype[Any]], list[np.ndarray]] = {}
         self._closed = False
+        native = shm_native.load()
+        #: The compiled hot loop on these segments, or None for the pure-Python path.
+        self.native = None if native is None else native.Sync(
+            [seg.mm for seg in segments], rank, _W_SEQ, _W_SLEEP, _W_TINY, TINY_BYTES)
+        self._native_spin_seconds = self.spin_iterations * SPIN_ITERATION_SECONDS
+        if self.native is not None:
+            self.post = self._post_native  # type: ignore[method-assign]
+            self.wait = self._wait_native  # type: ignore[method-assign]
+            self.check = self._check_native  # type: ignore[method-assign]
 
     @property
     def spin_iterations(self) -> int:
@@ -345,6 +364,11 @@ class ShmGroup:
         for peer in self.peers:
             if ctrls[peer][_W_SLEEP]:
                 self._wake(peer)
+
+    def _post_native(self) -> None:
+        self.phase += 1
+        for peer in self.native.post(self.phase):
+            self._wake(peer)
 
     def _wake(self, peer: int) -> None:
         addr = self._wake_addrs[peer]
@@ -384,6 +408,19 @@ class ShmGroup:
                     break
             self._yield_budget = max(YIELD_SECONDS_MIN, budget / 2)
         self._block(pending, target, what)
+
+    def _wait_native(self, ranks: Sequence[int], target: int, what: str) -> None:
+        # threads of one process never spin nor yield (the budget is 0): straight to _block
+        budget = self._yield_budget if self._spin else 0.0
+        reached = self.native.poll(ranks, target, self._native_spin_seconds, budget)
+        if reached == 0:
+            return
+        if reached == 1:
+            self._yield_budget = min(YIELD_SECONDS_MAX, budget * 1.1)
+            return
+        if self._spin:
+            self._yield_budget = max(YIELD_SECONDS_MIN, budget / 2)
+        self._block(list(ranks), target, what)
 
     def _block(self, pending: list[int], target: int, what: str) -> None:
         ctrls = self._ctrls
@@ -494,6 +531,10 @@ class ShmGroup:
                     f"{describe_tag_conflict(mine, theirs, self.group_ranks[r])}"
                 )
 
+    def _check_native(self, ranks: Sequence[int], slot: int, what: str) -> None:
+        if not self.native.same_stamp(ranks, _W_STAMP + slot):
+            ShmGroup.check(self, ranks, slot, what)  # finds the rank and raises its message
+
     def typed(self, rank: int, slot: int, dtype: np.dtype[Any]) -> np.ndarray:
         """Return rank ``rank``'s slot ``slot`` as a ``dtype`` array (read-only for peers)."""
         return self.segments[rank].typed(slot, dtype)
@@ -512,6 +553,17 @@ class ShmGroup:
         """Return the tiny line for the next tiny message, stamped with ``tag`` (see above)."""
         line = self._tiny_line = self._tiny_line ^ 1
         self._me[_W_TINY + 8 * line] = tag
+        return line
+
+    def post_tiny(self, array: Any, tag: int) -> int:
+        """Write ``array`` into the next tiny line, stamped ``tag``, and post; return the line.
+
+        The compiled path's first half of a tiny all_reduce (:attr:`native` must be set).
+        """
+        line = self._tiny_line = self._tiny_line ^ 1
+        self.phase += 1
+        for peer in self.native.tiny_post(array, line, tag, self.phase):
+            self._wake(peer)
         return line
 
     def check_tiny(self, line: int, what: str) -> None:
@@ -552,6 +604,8 @@ class ShmGroup:
         if self._closed:
             return
         self._closed = True
+        if self.native is not None:
+            self.native.close()  # its hold on the mappings, or as soon as a running poll ends
         self._views.clear()
         for views in self._tiny_views.values():
             for view in views:

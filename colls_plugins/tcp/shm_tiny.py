@@ -14,6 +14,11 @@ Python's, not the memory's, so this path does as little as it can:
   bitwise NumPy's ``((s0 + s1) + s2) + ...``. An integer result out of the type's range (which
   NumPy wraps) makes the store raise; that call, and every dtype or op without a fold
   (:data:`FOLDS`), combines with the op's NumPy kernel instead.
+
+With the compiled extension (:mod:`colls_plugins.tcp.shm_native`), one C call stamps the line,
+copies the payload in and posts, and another checks the stamps and folds: the same rank-order
+fold in the element type (float32 in float32, integers wrapping as NumPy's do), so both paths
+give NumPy's bits.
 """
 
 from __future__ import annotations
@@ -28,15 +33,19 @@ if TYPE_CHECKING:
 
 WHAT = "all_reduce (shm, tiny)"
 
-#: (op name, dtype) pairs folded in Python, to (adds, exact): ``adds`` False multiplies; ``exact``
-#: means Python's arithmetic on the values is the dtype's own until the final store (float64
-#: rounds each step as NumPy does; integers are exact and a result in range equals NumPy's
-#: wrapped one), so intermediate values need no store. float32 rounds through the store at
-#: every step.
-FOLDS: dict[tuple[str, dtypes.DType], tuple[bool, bool]] = {
-    (name, dtype): (name != "PRODUCT", dtype is not dtypes.FLOAT32)
+#: Dtypes with a fold, in the order of the compiled fold's codes (dtype index * 2 + product).
+_FOLD_DTYPES = (dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32, dtypes.INT64)
+
+#: (op name, dtype) pairs folded without NumPy, to (adds, exact, code): ``adds`` False
+#: multiplies; ``exact`` means Python's arithmetic on the values is the dtype's own until the
+#: final store (float64 rounds each step as NumPy does; integers are exact and a result in range
+#: equals NumPy's wrapped one), so intermediate values need no store; float32 rounds through the
+#: store at every step. ``code`` names the fold to the compiled path.
+FOLDS: dict[tuple[str, dtypes.DType], tuple[bool, bool, int]] = {
+    (name, dtype): (name != "PRODUCT", dtype is not dtypes.FLOAT32,
+                    2 * _FOLD_DTYPES.index(dtype) + (name == "PRODUCT"))
     for name in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT")
-    for dtype in (dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32, dtypes.INT64)
+    for dtype in _FOLD_DTYPES
 }
 
 
@@ -47,8 +56,15 @@ def fits(array: Any) -> bool:
 
 def all_reduce(g: ShmGroup, array: Any, op: ReduceSpec, tag: int) -> None:
     """Reduce ``array`` (at most :data:`TINY_BYTES`, not empty) across the group in place."""
-    line = g.claim_tiny(tag)
     fold = FOLDS.get((op.name, op.dtype))
+    native = g.native
+    if native is not None and fold is not None:
+        line = g.post_tiny(array, tag)
+        g.wait_all(g.phase, WHAT)
+        if not native.tiny_fold(array, line, fold[2]):
+            g.check_tiny(line, WHAT)  # raises, naming the peer
+        return
+    line = g.claim_tiny(tag)
     if fold is None:
         _exchange_numpy(g, array, op, line)
         return
@@ -60,7 +76,7 @@ def all_reduce(g: ShmGroup, array: Any, op: ReduceSpec, tag: int) -> None:
     g.wait_all(g.phase, WHAT)
     g.check_tiny(line, WHAT)
     try:
-        _fold(out, payloads, count, *fold)
+        _fold(out, payloads, count, fold[0], fold[1])
     except ValueError:  # an integer out of range: NumPy's kernel wraps it
         _combine(g, array, op, line)
 

@@ -8,7 +8,11 @@ from typing import Any
 import pytest
 from tcp_helpers import make_group
 
+from colls_plugins.tcp import shm_native
 from colls_plugins.tcp.backend import TcpBackend
+
+#: Why the compiled case of ``shm_path`` is skipped where the extension is missing.
+NOT_BUILT = "the optional extension is not built (no compiler)"
 
 
 @pytest.fixture
@@ -24,3 +28,18 @@ def group() -> Iterator[Callable[..., list[TcpBackend]]]:
     yield factory
     for backend in made:
         backend.close()
+
+
+@pytest.fixture(params=["native", "python"])
+def shm_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run the test on the compiled shared-memory hot loop, then on the pure-Python one.
+
+    Sets ``COLLS_NATIVE`` for groups made in this process and for children started from it
+    now (``colls.testing.spawn``'s workers need it in ``env=``); returns whether the compiled
+    path is expected.
+    """
+    native = request.param == "native"
+    if native and not shm_native.built():
+        pytest.skip(NOT_BUILT)
+    monkeypatch.setenv("COLLS_NATIVE", "1" if native else "0")
+    return native

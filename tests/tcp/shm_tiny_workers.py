@@ -13,13 +13,16 @@ def _value(rank: int, i: int) -> np.ndarray:
     return np.array([rank * 1000.0 + i, (rank + 1) * 0.5 + i], dtype=np.float64)
 
 
-def interleaved(rank: int, world: int, calls: int) -> int:
+def interleaved(rank: int, world: int, calls: int, native: bool) -> int:
     """Run ``calls`` tiny all_reduces, each next to another collective; check every result.
 
     Consecutive tiny calls alternate between two lines of the control page: a rank that
-    rewrote a line a peer still reads would show here as a wrong sum on that peer.
+    rewrote a line a peer still reads would show here as a wrong sum on that peer. ``native``:
+    whether the shared memory must run its compiled hot loop.
     """
-    assert _dispatch.default_group().backend.uses_shm, "expected shared memory"
+    backend = _dispatch.default_group().backend
+    assert backend.uses_shm, "expected shared memory"
+    assert (backend._shm.native is not None) == native, "expected the other hot loop"
     checked = 0
     big = np.zeros(100, np.float32)
     for i in range(calls):

@@ -24,6 +24,11 @@ def uses_shm() -> bool:
     return bool(_dispatch.default_group().backend.uses_shm)
 
 
+def uses_native() -> bool:
+    """Whether its shared memory runs the compiled hot loop (colls_plugins.tcp.shm_native)."""
+    return _dispatch.default_group().backend._shm.native is not None
+
+
 def _inputs(dtype: dtypes.DType, count: int, rank: int, kind: str) -> np.ndarray:
     """Rank ``rank``'s input: small integers (exact sums) or, for MAX, signed random values."""
     rng = np.random.default_rng([count, rank, dtype.itemsize, len(dtype.name)])
@@ -71,9 +76,14 @@ def all_reduce_every_dtype(rank: int, world: int, expect_shm: bool) -> list[str]
     return digests
 
 
-def other_collectives(rank: int, world: int, expect_shm: bool) -> int:
-    """broadcast/reduce from every root, all_gather, reduce_scatter, barrier; return checks run."""
+def other_collectives(rank: int, world: int, expect_shm: bool, expect_native: bool | None = None
+                      ) -> int:
+    """broadcast/reduce from every root, all_gather, reduce_scatter, barrier; return checks run.
+
+    ``expect_native``: whether the shared memory must run its compiled hot loop (None: either).
+    """
     assert uses_shm() == expect_shm
+    assert expect_native is None or uses_native() == expect_native
     checks = 0
     for count in (1, 7, 3001):
         data = [np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(world)]
@@ -115,7 +125,8 @@ def hold_group(rank: int, port: int, results) -> None:
     colls.init_process_group("tcp", timeout=60)
     x = np.full(1 << 16, rank + 1, dtype=np.float32)
     colls.all_reduce(x)
-    results.put(("ready", rank, os.getpid(), uses_shm(), memfd_mappings(), float(x[0])))
+    results.put(("ready", rank, os.getpid(), uses_shm(), memfd_mappings(), float(x[0]),
+                 uses_native()))
     if rank == 1:
         time.sleep(120)
         return

@@ -1,6 +1,11 @@
-"""The tcp backend's tiny all_reduce through the control page (colls_plugins.tcp.shm_tiny)."""
+"""The tcp backend's tiny all_reduce through the control page (colls_plugins.tcp.shm_tiny).
+
+Tests that take ``shm_path`` run twice: on the compiled hot loop and on the pure-Python one.
+"""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -11,7 +16,7 @@ from colls import dtypes, fingerprint
 from colls.errors import BackendError
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls.testing.spawn import spawn
-from colls_plugins.tcp import shm, shm_setup, shm_tiny
+from colls_plugins.tcp import shm, shm_native, shm_setup, shm_tiny
 
 pytestmark = pytest.mark.skipif(
     shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
@@ -25,6 +30,8 @@ def _reduce(group, name: str, inputs: list[np.ndarray], op: ReduceOp, dtype: dty
     world = len(inputs)
     backends = group(world, name=name)
     assert all(b.uses_shm for b in backends)
+    native = os.environ.get("COLLS_NATIVE") != "0" and shm_native.built()
+    assert all((b._shm.native is not None) == native for b in backends)
     spec = resolve_op(op, dtype, op_name="all_reduce")
     arrays = [a.copy() for a in inputs]
     run_ranks(lambda r: backends[r].all_reduce(arrays[r], spec, tag), world)
@@ -35,22 +42,34 @@ def _reference(inputs: list[np.ndarray], op: ReduceOp, dtype: dtypes.DType) -> n
     return resolve_op(op, dtype, op_name="all_reduce").numpy_reference(inputs)
 
 
+def _fold_inputs(dtype: dtypes.DType, count: int, world: int) -> list[np.ndarray]:
+    """Random non-integral floats (every rounding step shows), or integers over the whole range
+    of the type (sums and products wrap, as NumPy's do)."""
+    rng = np.random.default_rng(7)
+    if dtype.numpy.kind == "f":
+        return [(rng.standard_normal(count) * 1e3).astype(dtype.numpy) for _ in range(world)]
+    info = np.iinfo(dtype.numpy)
+    return [rng.integers(info.min, info.max, count, dtype=dtype.numpy, endpoint=True)
+            for _ in range(world)]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PRODUCT], ids=["sum", "product"])
-@pytest.mark.parametrize("dtype", [dtypes.FLOAT32, dtypes.FLOAT64], ids=lambda d: d.name)
-def test_the_python_fold_is_bitwise_numpys_rank_order_reduction(group, op, dtype):
-    """Random non-integral values: every rounding step must be the dtype's own."""
-    rng = np.random.default_rng(7)
-    count = shm.TINY_BYTES // dtype.itemsize
-    inputs = [(rng.standard_normal(count) * 1e3).astype(dtype.numpy) for _ in range(3)]
-    assert (op.name, dtype) in shm_tiny.FOLDS and shm_tiny.fits(inputs[0])
-    expected = _reference(inputs, op, dtype)
-    for result in _reduce(group, f"fold-{dtype.name}-{op}", inputs, op, dtype):
-        assert result.tobytes() == expected.tobytes()
+@pytest.mark.parametrize("dtype", [dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32, dtypes.INT64],
+                         ids=lambda d: d.name)
+def test_the_fold_is_bitwise_numpys_rank_order_reduction(group, shm_path, op, dtype):
+    """Every (dtype, op) the fold covers, on three ranks, compared byte for byte."""
+    full = shm.TINY_BYTES // dtype.itemsize
+    for count in (1, full):  # one element, and a full line
+        inputs = _fold_inputs(dtype, count, 3)
+        assert (op.name, dtype) in shm_tiny.FOLDS and shm_tiny.fits(inputs[0])
+        expected = _reference(inputs, op, dtype)
+        for result in _reduce(group, f"fold-{dtype.name}-{op}-{count}", inputs, op, dtype):
+            assert result.tobytes() == expected.tobytes()
 
 
 @pytest.mark.timeout(60)
-def test_float32_overflow_gives_inf_and_nan_propagates_as_in_numpy(group):
+def test_float32_overflow_gives_inf_and_nan_propagates_as_in_numpy(group, shm_path):
     big = np.finfo(np.float32).max
     inputs = [np.array([big, 1.0, np.nan, -0.0], np.float32),
               np.array([big, np.inf, 1.0, -0.0], np.float32)]
@@ -62,7 +81,7 @@ def test_float32_overflow_gives_inf_and_nan_propagates_as_in_numpy(group):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("dtype", [dtypes.INT32, dtypes.INT64], ids=lambda d: d.name)
-def test_integer_overflow_wraps_as_in_numpy(group, dtype):
+def test_integer_overflow_wraps_as_in_numpy(group, shm_path, dtype):
     """The fold's store refuses an out-of-range integer; the NumPy kernel then wraps it."""
     top = np.iinfo(dtype.numpy).max
     inputs = [np.array([top, 5, -3], dtype.numpy), np.array([1, 7, -4], dtype.numpy),
@@ -109,8 +128,9 @@ def test_sizes_around_the_tiny_limit_are_right(group):
 
 
 @pytest.mark.timeout(60)
-def test_mismatched_tiny_calls_raise_naming_the_peer(group):
+def test_mismatched_tiny_calls_raise_naming_the_peer(group, shm_path):
     backends = group(2, name="tiny-mismatch")
+    assert (backends[0]._shm.native is not None) == shm_path
     arrays = [np.zeros(1), np.zeros(2)]  # 8 and 16 bytes: both tiny, different signatures
     tags = [fingerprint.collective_tag(0, fingerprint.CallRecord(
         "all_reduce", "float64", a.shape, None, "SUM").signature()) for a in arrays]
@@ -126,7 +146,8 @@ def test_mismatched_tiny_calls_raise_naming_the_peer(group):
 
 
 @pytest.mark.timeout(120)
-def test_back_to_back_tiny_calls_between_processes_never_read_a_rewritten_line():
+def test_back_to_back_tiny_calls_between_processes_never_read_a_rewritten_line(shm_path):
     """Three processes, 1500 tiny all_reduces mixed with barriers and broadcasts."""
-    checked = spawn(shm_tiny_workers.interleaved, 3, args=(1500,), timeout=90)
+    checked = spawn(shm_tiny_workers.interleaved, 3, args=(1500, shm_path),
+                    env={"COLLS_NATIVE": str(int(shm_path))}, timeout=90)
     assert checked == [1500, 1500, 1500]

@@ -47,8 +47,9 @@ def test_all_reduce_every_dtype(world, use_shm):
 
 
 @pytest.mark.timeout(120)
-def test_other_collectives_through_shm():
-    checks = spawn(shm_workers.other_collectives, 3, args=(True,), env=SMALL_SLOTS, timeout=90)
+def test_other_collectives_through_shm(shm_path):
+    checks = spawn(shm_workers.other_collectives, 3, args=(True, shm_path),
+                   env={**SMALL_SLOTS, "COLLS_NATIVE": str(int(shm_path))}, timeout=90)
     assert checks == [28, 28, 28]
 
 
@@ -98,9 +99,10 @@ def test_algorithm_override_bypasses_shm(group, monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_mismatched_collectives_raise_instead_of_mixing_data(group):
+def test_mismatched_collectives_raise_instead_of_mixing_data(group, shm_path):
     """The shm path compares the tags (sequence number and signature) that colls gives calls."""
     backends = group(2, name="mismatch")
+    assert (backends[0]._shm.native is not None) == shm_path
     arrays = [np.zeros(8), np.zeros(16)]
     tags = [
         fingerprint.collective_tag(
@@ -118,8 +120,9 @@ def test_mismatched_collectives_raise_instead_of_mixing_data(group):
 
 
 @pytest.mark.timeout(60)
-def test_missing_rank_times_out_with_its_rank_named(group):
+def test_missing_rank_times_out_with_its_rank_named(group, shm_path):
     backends = group(2, name="late", timeout=1.0)
+    assert (backends[0]._shm.native is not None) == shm_path
     start = time.monotonic()
     with pytest.raises(CollsTimeoutError, match=r"no progress from ranks \[1\]"):
         backends[0].barrier(-1)
@@ -152,7 +155,7 @@ def _mapped_anywhere(inodes: set[int]) -> set[int]:
 
 
 @pytest.mark.timeout(120)
-def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast():
+def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast(shm_path):
     before = _dev_shm()
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -164,8 +167,8 @@ def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast():
             p.start()
         ready = sorted(results.get(timeout=60) for _ in procs)
         # both ranks used shared memory (mapped segments) and got the right sum
-        assert [(r[0], r[1], r[3], r[5]) for r in ready] == [("ready", 0, True, 3.0),
-                                                            ("ready", 1, True, 3.0)]
+        assert [(r[0], r[1], r[3], r[5], r[6]) for r in ready] == [
+            ("ready", 0, True, 3.0, shm_path), ("ready", 1, True, 3.0, shm_path)]
         assert all(r[4] >= 2 for r in ready), ready  # own segment and the peer's are mapped
         assert _dev_shm() - before == set(), "segments must not have names in /dev/shm"
         segments = [_segment_inodes(p.pid) for p in procs]

@@ -1,0 +1,525 @@
+/* The optional compiled piece of the tcp backend's shared-memory hot loop.
+ *
+ * colls_plugins/tcp/shm.py owns the memory layout and the protocol; this file only makes the
+ * steps that run on every small collective cheaper than CPython's bytecode can:
+ *
+ *   post       store the phase word, a full fence, and which peers sleep (Sync.post);
+ *   poll       spin on peers' phase words with acquire loads, then sched_yield with the GIL
+ *              released (Sync.poll); blocking, timeouts and dead peers stay in Python;
+ *   stamps     compare peers' stamp words with this rank's (Sync.same_stamp);
+ *   tiny       write a tiny all_reduce's stamp and payload and post (Sync.tiny_post), then check
+ *              the stamps and fold every rank's payload in rank order (Sync.tiny_fold), bitwise
+ *              NumPy's result for float32/float64/int32/int64 sums and products.
+ *
+ * The word offsets come from shm.py through the constructor, so the layout has one source. The
+ * pure-Python path (colls_plugins/tcp/shm.py) does the same steps and stays the fallback; the
+ * two interoperate, rank by rank. Built by setup.py when a C compiler is there; see
+ * docs/design.md, "A compiled piece for the shared-memory hot loop".
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+static inline int64_t load_acquire(const int64_t *word) {
+    return __atomic_load_n(word, __ATOMIC_ACQUIRE);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Fold codes: dtype * 2 + (1 for a product). Python keeps the same table (shm_tiny.FOLDS). */
+enum { F32 = 0, F64 = 1, I32 = 2, I64 = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t size;
+    Py_ssize_t rank;
+    Py_ssize_t w_seq, w_sleep, w_tiny, tiny_bytes;
+    Py_buffer *bufs;     /* one per rank's segment, held until close() */
+    int64_t **ctrl;      /* each rank's control page as int64 words */
+    Py_ssize_t *scratch; /* ranks being polled, copied out before the GIL is released */
+    int busy;            /* a poll runs without the GIL: close() must not release the buffers */
+    int closed;
+} SyncObject;
+
+static void release_buffers(SyncObject *self) {
+    if (self->bufs != NULL) {
+        for (Py_ssize_t r = 0; r < self->size; r++) {
+            if (self->bufs[r].obj != NULL) {
+                PyBuffer_Release(&self->bufs[r]);
+            }
+        }
+        PyMem_Free(self->bufs);
+        self->bufs = NULL;
+    }
+    PyMem_Free(self->ctrl);
+    self->ctrl = NULL;
+    PyMem_Free(self->scratch);
+    self->scratch = NULL;
+}
+
+static int check_open(SyncObject *self) {
+    if (self->closed) {
+        PyErr_SetString(PyExc_ValueError, "tcp shm: the group's shared memory is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static int Sync_init(SyncObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"segments", "rank", "seq_word", "sleep_word", "tiny_word",
+                             "tiny_bytes", NULL};
+    PyObject *segments;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Onnnnn", kwlist, &segments, &self->rank,
+                                     &self->w_seq, &self->w_sleep, &self->w_tiny,
+                                     &self->tiny_bytes)) {
+        return -1;
+    }
+    if (self->bufs != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tcp shm: Sync is already initialised");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(segments, "tcp shm: segments must be a sequence of mmaps");
+    if (seq == NULL) {
+        return -1;
+    }
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    if (self->rank < 0 || self->rank >= size) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: rank %zd is not in [0, %zd)", self->rank, size);
+        Py_DECREF(seq);
+        return -1;
+    }
+    Py_ssize_t words = self->w_tiny + 8 * 2; /* the last word used: tiny line 1's payload end */
+    if (self->w_seq < 0 || self->w_sleep < 0 || self->w_tiny < 0 || self->w_seq >= words
+        || self->w_sleep >= words || self->tiny_bytes < 0 || self->tiny_bytes > 7 * 8) {
+        PyErr_SetString(PyExc_ValueError, "tcp shm: word offsets out of range");
+        Py_DECREF(seq);
+        return -1;
+    }
+    self->size = size;
+    self->bufs = PyMem_Calloc((size_t)size, sizeof(Py_buffer));
+    self->ctrl = PyMem_Calloc((size_t)size, sizeof(int64_t *));
+    self->scratch = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
+    if (self->bufs == NULL || self->ctrl == NULL || self->scratch == NULL) {
+        release_buffers(self);
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < size; r++) {
+        int flags = r == self->rank ? PyBUF_WRITABLE : PyBUF_SIMPLE;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, r), &self->bufs[r], flags) < 0) {
+            release_buffers(self);
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (self->bufs[r].len < (Py_ssize_t)(words * sizeof(int64_t))) {
+            PyErr_Format(PyExc_ValueError, "tcp shm: segment %zd is too small", r);
+            release_buffers(self);
+            Py_DECREF(seq);
+            return -1;
+        }
+        self->ctrl[r] = (int64_t *)self->bufs[r].buf;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static void Sync_dealloc(SyncObject *self) {
+    release_buffers(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Peers whose sleeping flag is up (after a full fence), as a tuple of host ranks. */
+static PyObject *sleepers(SyncObject *self) {
+    Py_ssize_t count = 0;
+    for (Py_ssize_t r = 0; r < self->size; r++) {
+        if (r != self->rank && load_acquire(&self->ctrl[r][self->w_sleep])) {
+            self->scratch[count++] = r;
+        }
+    }
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *r = PyLong_FromSsize_t(self->scratch[i]);
+        if (r == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, r);
+    }
+    return out;
+}
+
+static void publish(SyncObject *self, int64_t phase) {
+    __atomic_store_n(&self->ctrl[self->rank][self->w_seq], phase, __ATOMIC_RELEASE);
+    /* Dekker with a sleeping peer: our phase store is visible before we read its flag. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+PyDoc_STRVAR(post_doc, "post(phase) -> tuple\n\n"
+             "Publish ``phase`` and return the host ranks of peers that sleep (to be woken).");
+
+static PyObject *Sync_post(SyncObject *self, PyObject *arg) {
+    if (check_open(self) < 0) {
+        return NULL;
+    }
+    long long phase = PyLong_AsLongLong(arg);
+    if (phase == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    publish(self, (int64_t)phase);
+    return sleepers(self);
+}
+
+/* Copy ``ranks`` (a sequence of host ranks) into scratch; return their count or -1. */
+static Py_ssize_t take_ranks(SyncObject *self, PyObject *ranks) {
+    PyObject *seq = PySequence_Fast(ranks, "tcp shm: ranks must be a sequence");
+    if (seq == NULL) {
+        return -1;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    if (count > self->size) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "tcp shm: more ranks than the group has");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t r = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (r == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (r < 0 || r >= self->size) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "tcp shm: rank %zd is not in [0, %zd)", r, self->size);
+            return -1;
+        }
+        self->scratch[i] = r;
+    }
+    Py_DECREF(seq);
+    return count;
+}
+
+/* Drop the ranks of ranks[:count] that reached ``target``; return how many are left. */
+static Py_ssize_t pending(SyncObject *self, Py_ssize_t *ranks, Py_ssize_t count,
+                          int64_t target) {
+    Py_ssize_t left = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t r = ranks[i];
+        if (load_acquire(&self->ctrl[r][self->w_seq]) < target) {
+            ranks[left++] = r;
+        }
+    }
+    return left;
+}
+
+/* Busy polls between two looks at the clock (a pause is tens of nanoseconds). */
+#define POLLS_PER_CLOCK 32
+
+PyDoc_STRVAR(poll_doc, "poll(ranks, target, spin_seconds, yield_seconds) -> int\n\n"
+             "Wait until every host rank in ``ranks`` has posted ``target``: busy-poll for\n"
+             "``spin_seconds`` holding the GIL, then poll with sched_yield for ``yield_seconds``\n"
+             "without it. Return 0 (reached while spinning), 1 (while yielding) or 2 (not\n"
+             "reached: the caller blocks).");
+
+static PyObject *Sync_poll(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "poll() takes 4 arguments");
+        return NULL;
+    }
+    if (check_open(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = take_ranks(self, args[0]);
+    if (count < 0) {
+        return NULL;
+    }
+    long long target = PyLong_AsLongLong(args[1]);
+    double spin = PyFloat_AsDouble(args[2]);
+    double yield = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t *ranks = self->scratch;
+    count = pending(self, ranks, count, target);
+    if (count == 0) {
+        return PyLong_FromLong(0);
+    }
+    if (spin > 0) {
+        double deadline = now_seconds() + spin;
+        do {
+            for (int i = 0; i < POLLS_PER_CLOCK; i++) {
+                cpu_relax();
+                count = pending(self, ranks, count, target);
+                if (count == 0) {
+                    return PyLong_FromLong(0);
+                }
+            }
+        } while (now_seconds() < deadline);
+    }
+    long status = 2;
+    if (yield > 0) {
+        /* Another thread may use scratch while this one runs without the GIL. */
+        Py_ssize_t *own = PyMem_Malloc((size_t)count * sizeof(Py_ssize_t));
+        if (own == NULL) {
+            return PyErr_NoMemory();
+        }
+        memcpy(own, ranks, (size_t)count * sizeof(Py_ssize_t));
+        self->busy++;
+        Py_BEGIN_ALLOW_THREADS
+        double deadline = now_seconds() + yield;
+        do {
+            sched_yield();
+            count = pending(self, own, count, target);
+            if (count == 0) {
+                status = 1;
+                break;
+            }
+        } while (now_seconds() < deadline);
+        Py_END_ALLOW_THREADS
+        PyMem_Free(own);
+        if (--self->busy == 0 && self->closed) {
+            release_buffers(self); /* close() came while we polled without the GIL */
+        }
+    }
+    return PyLong_FromLong(status);
+}
+
+/* Whether the ``word`` of ranks[:count] all equal this rank's (acquire: read after their
+ * phase). */
+static int stamps_match(SyncObject *self, const Py_ssize_t *ranks, Py_ssize_t count,
+                        Py_ssize_t word) {
+    int64_t mine = self->ctrl[self->rank][word];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (load_acquire(&self->ctrl[ranks[i]][word]) != mine) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(same_stamp_doc, "same_stamp(ranks, word) -> bool\n\n"
+             "Whether the control word ``word`` of every host rank in ``ranks`` equals this\n"
+             "rank's.");
+
+static PyObject *Sync_same_stamp(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "same_stamp() takes 2 arguments");
+        return NULL;
+    }
+    if (check_open(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = take_ranks(self, args[0]);
+    if (count < 0) {
+        return NULL;
+    }
+    Py_ssize_t word = PyLong_AsSsize_t(args[1]);
+    if (word == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (word < 0 || word >= self->w_tiny + 16) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: no stamp word %zd", word);
+        return NULL;
+    }
+    return PyBool_FromLong(stamps_match(self, self->scratch, count, word));
+}
+
+static int64_t *tiny_line(SyncObject *self, Py_ssize_t rank, long line) {
+    return self->ctrl[rank] + self->w_tiny + 8 * line;
+}
+
+PyDoc_STRVAR(tiny_post_doc, "tiny_post(array, line, tag, phase) -> tuple\n\n"
+             "Stamp tiny line ``line`` with ``tag``, copy ``array``'s bytes into its payload,\n"
+             "publish ``phase``; return the peers that sleep (as post()).");
+
+static PyObject *Sync_tiny_post(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "tiny_post() takes 4 arguments");
+        return NULL;
+    }
+    if (check_open(self) < 0) {
+        return NULL;
+    }
+    long line = PyLong_AsLong(args[1]);
+    long long tag = PyLong_AsLongLong(args[2]);
+    long long phase = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (line != 0 && line != 1) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: no tiny line %ld", line);
+        return NULL;
+    }
+    Py_buffer src;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (src.len > self->tiny_bytes) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: %zd bytes do not fit a tiny line (%zd)",
+                     src.len, self->tiny_bytes);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    int64_t *mine = tiny_line(self, self->rank, line);
+    mine[0] = (int64_t)tag;
+    memcpy(mine + 1, src.buf, (size_t)src.len);
+    PyBuffer_Release(&src);
+    publish(self, (int64_t)phase);
+    return sleepers(self);
+}
+
+/* out[i] = ((p0[i] op p1[i]) op p2[i]) ... in the element type: NumPy's rank-order result.
+ * Integers wrap as NumPy's do (computed unsigned: signed overflow is undefined in C). */
+#define FOLD(TYPE, ACC, OP)                                                                     \
+    for (Py_ssize_t i = 0; i < count; i++) {                                                   \
+        TYPE v;                                                                                \
+        memcpy(&v, (const char *)(tiny_line(self, 0, line) + 1) + i * sizeof(TYPE),            \
+               sizeof(TYPE));                                                                  \
+        ACC acc = (ACC)v;                                                                      \
+        for (Py_ssize_t r = 1; r < self->size; r++) {                                          \
+            memcpy(&v, (const char *)(tiny_line(self, r, line) + 1) + i * sizeof(TYPE),        \
+                   sizeof(TYPE));                                                              \
+            acc = (ACC)(acc OP (ACC)v);                                                        \
+        }                                                                                      \
+        v = (TYPE)acc;                                                                         \
+        memcpy((char *)dst.buf + i * sizeof(TYPE), &v, sizeof(TYPE));                          \
+    }
+
+PyDoc_STRVAR(tiny_fold_doc, "tiny_fold(array, line, code) -> bool\n\n"
+             "If every peer stamped tiny line ``line`` as this rank did, set ``array`` to the\n"
+             "rank-order fold of every rank's payload (``code``: dtype * 2 + product, dtypes\n"
+             "float32, float64, int32, int64) and return True; else return False, unchanged.");
+
+static PyObject *Sync_tiny_fold(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "tiny_fold() takes 3 arguments");
+        return NULL;
+    }
+    if (check_open(self) < 0) {
+        return NULL;
+    }
+    long line = PyLong_AsLong(args[1]);
+    long code = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((line != 0 && line != 1) || code < 0 || code > 7) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: no tiny line %ld or fold %ld", line, code);
+        return NULL;
+    }
+    Py_ssize_t peers = 0;
+    for (Py_ssize_t r = 0; r < self->size; r++) {
+        if (r != self->rank) {
+            self->scratch[peers++] = r;
+        }
+    }
+    if (!stamps_match(self, self->scratch, peers, self->w_tiny + 8 * line)) {
+        Py_RETURN_FALSE;
+    }
+    Py_buffer dst;
+    if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    static const Py_ssize_t itemsize[] = {4, 8, 4, 8};
+    Py_ssize_t count = dst.len / itemsize[code >> 1];
+    if (dst.len > self->tiny_bytes || dst.len % itemsize[code >> 1]) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: %zd bytes are not a tiny payload of fold %ld",
+                     dst.len, code);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    switch (code) {
+    case 2 * F32: FOLD(float, float, +) break;
+    case 2 * F32 + 1: FOLD(float, float, *) break;
+    case 2 * F64: FOLD(double, double, +) break;
+    case 2 * F64 + 1: FOLD(double, double, *) break;
+    case 2 * I32: FOLD(int32_t, uint32_t, +) break;
+    case 2 * I32 + 1: FOLD(int32_t, uint32_t, *) break;
+    case 2 * I64: FOLD(int64_t, uint64_t, +) break;
+    case 2 * I64 + 1: FOLD(int64_t, uint64_t, *) break;
+    }
+    PyBuffer_Release(&dst);
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(close_doc, "close()\n\nRelease the segments (at once, or when a running poll ends).");
+
+static PyObject *Sync_close(SyncObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!self->closed) {
+        self->closed = 1;
+        if (self->busy == 0) {
+            release_buffers(self);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Sync_methods[] = {
+    {"post", (PyCFunction)Sync_post, METH_O, post_doc},
+    {"poll", (PyCFunction)(void (*)(void))Sync_poll, METH_FASTCALL, poll_doc},
+    {"same_stamp", (PyCFunction)(void (*)(void))Sync_same_stamp, METH_FASTCALL, same_stamp_doc},
+    {"tiny_post", (PyCFunction)(void (*)(void))Sync_tiny_post, METH_FASTCALL, tiny_post_doc},
+    {"tiny_fold", (PyCFunction)(void (*)(void))Sync_tiny_fold, METH_FASTCALL, tiny_fold_doc},
+    {"close", (PyCFunction)Sync_close, METH_NOARGS, close_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(Sync_doc,
+             "Sync(segments, rank, seq_word, sleep_word, tiny_word, tiny_bytes)\n\n"
+             "The phase words and tiny lines of every host rank's segment (``segments``: the\n"
+             "mmaps, by host rank; this rank's is written, the others only read).");
+
+static PyTypeObject SyncType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colls_plugins.tcp._shm_native.Sync",
+    .tp_basicsize = sizeof(SyncObject),
+    .tp_dealloc = (destructor)Sync_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = Sync_doc,
+    .tp_methods = Sync_methods,
+    .tp_init = (initproc)Sync_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "colls_plugins.tcp._shm_native",
+    .m_doc = "The compiled hot loop of the tcp backend's shared memory (optional).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__shm_native(void) {
+    if (PyType_Ready(&SyncType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&SyncType);
+    if (PyModule_AddObject(m, "Sync", (PyObject *)&SyncType) < 0) {
+        Py_DECREF(&SyncType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,39 @@
+"""Build the one optional C extension of colls; the metadata lives in pyproject.toml.
+
+``colls_plugins.tcp._shm_native`` (the shared-memory hot loop, docs/design.md) is optional: when
+no C compiler is there, or the build fails for any reason, the install goes on without it and the
+tcp backend runs its pure-Python path.
+"""
+
+from __future__ import annotations
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing: the extension only makes colls faster."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except (CCompilerError, ExecError, PlatformError, OSError) as exc:
+            self._skip(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except (CCompilerError, ExecError, PlatformError, OSError) as exc:
+            self._skip(exc)
+
+    def _skip(self, exc: BaseException) -> None:
+        self.warn(f"colls: the optional C extension was not built ({exc}); "
+                  "the tcp backend's shared memory uses its pure-Python path")
+
+
+setup(
+    ext_modules=[Extension("colls_plugins.tcp._shm_native",
+                           ["colls_plugins/tcp/_shm_native.c"], optional=True)],
+    cmdclass={"build_ext": OptionalBuildExt},
+)
