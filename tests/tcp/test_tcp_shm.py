@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 
 import numpy as np
@@ -260,3 +261,55 @@ def test_one_sleep_reads_a_bounded_number_of_wake_ups(group):
         while waiter._wake_sock.recv(64):
             left += 1
     assert left == queued - shm.WAKE_DRAIN_MAX
+
+
+def _two_rank_group(timeout: float, peer_error=lambda r: None) -> tuple[shm.ShmGroup, list]:
+    """Rank 0's view of two segments of this process, waiting as a separate process would
+    (spin, then yield, then block); the test writes rank 1's words itself."""
+    segments = [shm.Segment.create(4096, token=7) for _ in range(2)]
+    group = shm.ShmGroup(0, segments, 4096, None, [None, None], same_process=False,
+                         timeout=timeout, peer_error=peer_error)
+    return group, segments
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_that_spins_and_yields_still_times_out_or_reports_a_dead_peer(shm_path):
+    group, segments = _two_rank_group(timeout=0.5)
+    try:
+        assert (group.native is not None) == shm_path
+        start = time.monotonic()
+        with pytest.raises(CollsTimeoutError, match=r"rank 0: barrier \(shm\) did not complete "
+                           r"within 0.5 s \(shared memory; no progress from ranks \[1\]\)"):
+            group.wait_all(1, "barrier (shm)")
+        assert 0.5 <= time.monotonic() - start < 10
+    finally:
+        group.close()
+    dead = ConnectionError("rank 1 died")
+    group, segments = _two_rank_group(timeout=30.0, peer_error=lambda r: dead)
+    try:
+        with pytest.raises(ConnectionError, match="rank 1 died"):
+            group.wait_all(1, "barrier (shm)")
+        segments[1].ctrl[shm._W_SEQ] = 1  # rank 1 posts its phase: the wait returns at once
+        group.wait_all(1, "barrier (shm)")
+    finally:
+        group.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shm_path", ["native"], indirect=True)
+def test_the_compiled_wait_yields_without_the_gil(shm_path):
+    """Another thread of the process runs while the compiled poll yields (it posts for rank 1)."""
+    group, segments = _two_rank_group(timeout=30.0)
+    try:
+        peer = segments[1].ctrl
+        assert group.native.poll([1], 1, 0.0, 0.01) == 2  # nobody posted: the budget ends
+        poster = threading.Timer(0.05, lambda: peer.__setitem__(shm._W_SEQ, 1))
+        poster.start()
+        assert group.native.poll([1], 1, 0.0, 5.0) == 1  # reached while yielding
+        poster.join()
+        assert group.native.poll([1], 1, 0.001, 0.0) == 0  # already there
+        group.close()
+        with pytest.raises(ValueError, match="the group's shared memory is closed"):
+            group.native.poll([1], 1, 0.0, 0.0)
+    finally:
+        group.close()
