@@ -28,6 +28,7 @@ _lock = threading.RLock()
 _manager: pluggy.PluginManager | None = None
 _load_errors: dict[str, str] = {}
 _specs: dict[str, list[BackendSpec]] | None = None  # the hook's answers, asked once
+_entry_points: tuple[importlib.metadata.EntryPoint, ...] | None = None  # found, not yet loaded
 
 
 def _new_manager() -> pluggy.PluginManager:
@@ -38,9 +39,24 @@ def _new_manager() -> pluggy.PluginManager:
     return manager
 
 
+def discover_entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
+    """Return the ``colls`` entry points of the installed distributions, without loading any.
+
+    Reading every distribution's metadata is most of the CPU time a process spends in
+    ``init_process_group`` (tens of milliseconds in a venv with torch and jax). The result is
+    kept for the process, so a launcher that forks its workers (colls.run.forking) calls this
+    once before forking and every worker inherits the list; :func:`reset` forgets it.
+    """
+    global _entry_points
+    with _lock:
+        if _entry_points is None:
+            _entry_points = tuple(importlib.metadata.entry_points(group=hookspecs.PROJECT))
+        return _entry_points
+
+
 def _load_entry_points(manager: pluggy.PluginManager) -> None:
     """Register every ``colls`` entry point; remember (not raise) the ones that fail to import."""
-    for entry_point in importlib.metadata.entry_points(group=hookspecs.PROJECT):
+    for entry_point in discover_entry_points():
         if manager.has_plugin(entry_point.name):
             continue
         try:
@@ -97,10 +113,11 @@ def unregister_plugin(name: str) -> None:
 
 def reset() -> None:
     """Forget every plugin; the next lookup rediscovers entry points (used by tests)."""
-    global _manager, _specs
+    global _manager, _specs, _entry_points
     with _lock:
         _manager = None
         _specs = None
+        _entry_points = None
         _load_errors.clear()
 
 

@@ -35,14 +35,19 @@ def test_forked_workers_start_with_the_preloaded_modules(write_script, run_launc
     # Proof that the fork runs of every end-to-end test fork (and the exec runs exec).
     script = write_script("preloaded.py", """
         import os, sys
+        from colls import plugin_manager
         from colls.run.forking import PRELOAD_MODULES
         preloaded = all(name in sys.modules for name in PRELOAD_MODULES)
-        sys.stdout.write(f"{preloaded} parent={os.getppid()}\\n")
+        # the entry points were found (not loaded) before forking; nothing was registered yet
+        found = [ep.name for ep in plugin_manager._entry_points or ()]
+        unloaded = plugin_manager._manager is None
+        sys.stdout.write(f"{preloaded} parent={os.getppid()} {'tcp' in found} {unloaded}\\n")
     """)
     result = run_launcher("--nproc-per-node", "2", str(script))
     assert result.returncode == 0, result.stderr
-    flags = {line.split()[0] for line in result.stdout.splitlines()}
-    assert flags == {str(start_method == "fork")}
+    flags = {(line.split()[0], *line.split()[2:]) for line in result.stdout.splitlines()}
+    forked = str(start_method == "fork")
+    assert flags == {(forked, forked, "True")}
     assert len({line.split()[1] for line in result.stdout.splitlines()}) == 1  # the launcher
 
 
