@@ -515,6 +515,12 @@ PyMODINIT_FUNC PyInit__shm_native(void) {
     if (m == NULL) {
         return NULL;
     }
+    /* colls_plugins/tcp/shm_native.py refuses a build whose interface is not the one it
+     * expects (an editable install whose .so predates a change to this file). */
+    if (PyModule_AddIntConstant(m, "INTERFACE", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&SyncType);
     if (PyModule_AddObject(m, "Sync", (PyObject *)&SyncType) < 0) {
         Py_DECREF(&SyncType);

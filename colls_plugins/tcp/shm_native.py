@@ -9,14 +9,27 @@ the fallback, and ranks may run different paths in one group.
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 
 from colls import env
+
+#: The interface of ``_shm_native.c`` this Python code calls; the C file exports its own as
+#: ``INTERFACE``. They differ when an editable install's built file predates a change to the C
+#: file: that build is not used (reinstall to rebuild it).
+INTERFACE = 1
 
 try:
     from colls_plugins.tcp import _shm_native
 except ImportError:  # not built (no compiler at install time) or built for another Python
     _shm_native = None
+else:
+    if getattr(_shm_native, "INTERFACE", None) != INTERFACE:
+        logging.getLogger("colls.tcp").warning(
+            "tcp shm: %s has interface %s, not %s (built from an older _shm_native.c); "
+            "using the pure-Python path: reinstall colls to rebuild it",
+            _shm_native.__file__, getattr(_shm_native, "INTERFACE", None), INTERFACE)
+        _shm_native = None
 
 
 def built() -> bool:
