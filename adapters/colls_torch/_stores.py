@@ -72,9 +72,10 @@ class _TorchErrors:
         """Return the number of keys."""
         return self._call(super().num_keys)  # type: ignore[misc]
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        """Return the values of ``keys``."""
-        return self._call(super().multi_get, keys)  # type: ignore[misc]
+    def multi_get(self, keys: list[str],
+                  timeout: datetime.timedelta | float | None = None) -> list[bytes]:
+        """Return the values of ``keys`` (``timeout``: colls' extension, as in :meth:`wait`)."""
+        return self._call(super().multi_get, keys, timeout)  # type: ignore[misc]
 
     def multi_set(self, keys: list[str], values: list[bytes | str]) -> None:
         """Set each key to the value at the same position."""

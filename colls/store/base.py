@@ -231,11 +231,23 @@ class Store(abc.ABC):
         self._check_open()
         return self._num_keys()
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        """Return the values of ``keys``, blocking until all are set (as :meth:`get`)."""
+    def multi_get(
+        self, keys: list[str], timeout: float | datetime.timedelta | None = None
+    ) -> list[bytes]:
+        """Return the values of ``keys``, blocking until all are set (as :meth:`get`).
+
+        Args:
+            keys: the keys to read.
+            timeout: seconds or a timedelta; ``None`` uses the store's :attr:`timeout`. (A colls
+                extension: torch's ``multi_get`` always uses the store's.)
+
+        Raises:
+            StoreTimeoutError: some key was still missing when the timeout elapsed.
+        """
         keys = check_keys(keys)
+        seconds = self._timeout_seconds(timeout)
         self._check_open()
-        return self._multi_get(keys, self._timeout_seconds(None)) if keys else []
+        return self._multi_get(keys, seconds) if keys else []
 
     def multi_set(self, keys: list[str], values: list[bytes | str]) -> None:
         """Set each of ``keys`` to the value at the same position of ``values``."""

@@ -453,6 +453,13 @@ class StoreServer(CommandsMixin, GuardMixin):
         for waiter in self._waiting.pop(key, ()):
             if waiter.done:
                 continue
+            # It stays registered under its other missing keys: nothing to redo until the last
+            # one comes (recounting every key at every write made N ranks waiting for N keys
+            # cost N^3 steps: seconds at 256 ranks).
+            waiter.missing.discard(key)
+            if waiter.missing:
+                continue
+            # A key it found present when it parked may have been deleted since.
             waiter.missing = {k for k in waiter.keys if k not in self._data}
             if waiter.missing:
                 for other in waiter.missing:

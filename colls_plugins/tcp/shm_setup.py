@@ -13,8 +13,11 @@ store follow:
    peers' segments read-only through ``/proc/<pid>/fd/<fd>`` (checking the token stamped in
    them) and publishes whether that worked. A host uses shared memory only when every one of
    its ranks succeeded; otherwise its ranks meet through TCP. A host with one rank has none. A
-   rank with ``COLLS_SHM=0`` still takes part, so that its host peers learn it. Each rank reads
-   only its own host's keys: O(N x ranks per host) requests.
+   rank with ``COLLS_SHM=0`` still takes part, so that its host peers learn it. Both rounds
+   go through the host's first rank (:func:`_gather_host`): it reads its host peers' values
+   and publishes them as one, so the store handles O(ranks per host) values per host, not
+   their square (256 ranks each reading 256 values twice kept the store server busy for
+   seconds).
 
 The memfd stays open only until every host peer has answered; from then on the mappings alone
 keep the memory, and the kernel frees it with the last process that maps it.
@@ -50,6 +53,10 @@ HOSTMAP_KEY = "tcp/hostmap"
 HOSTMAP_READS_KEY = "tcp/hostmap_reads"
 INFO_KEY = "tcp/shm/{rank}"
 READY_KEY = "tcp/shm_ok/{nonce}/{rank}"
+#: Suffix of the key under which a host's first rank publishes every value of one round
+#: (``INFO_KEY.format(rank="3" + GATHERED)``), and of its readers' counter.
+GATHERED = "-all"
+GATHERED_READS = "-reads"
 
 _SUPPORTED_MACHINES = ("x86_64", "amd64")
 
@@ -230,27 +237,22 @@ def _agree(
     try:
         if seg is not None:
             info = PeerInfo(host_identity(), os.getpid(), seg.fd, seg.slot_bytes,
-                            seg.token, wake)
-            store.set(INFO_KEY.format(rank=rank), info.encode())
+                            seg.token, wake).encode()
         else:
-            store.set(INFO_KEY.format(rank=rank), _OFF)
-        infos = _read_keys(store, INFO_KEY, local, deadline, rank, group, "shared-memory setup")
+            info = _OFF
+        infos = _gather_host(store, INFO_KEY, info, local, rank, deadline, group)
         # The answers are named after what every rank read, so no answer of an earlier group of
         # the same name (same store) can be taken for one of this group.
         ready_key = READY_KEY.format(nonce=zlib.crc32(b"|".join(infos)), rank="{rank}")
         peers = [PeerInfo.decode(v) for v in infos]
         me = local.index(rank)
         segments, why = _map_peers(me, local, seg, peers)
-        store.set(ready_key.format(rank=rank), b"1" if segments is not None else b"0")
-        ready = _read_keys(store, ready_key, local, deadline, rank, group,
-                           "shared-memory setup")
+        ready = _gather_host(store, ready_key, b"1" if segments is not None else b"0", local,
+                             rank, deadline, group)
     except BaseException:
         if wake_sock is not None:
             wake_sock.close()
         raise
-    # Every host peer has read every address (it answered), so none will read ours again.
-    with contextlib.suppress(Exception):
-        store.delete_key(INFO_KEY.format(rank=rank))
     if seg is not None:
         seg.close_fd()  # every peer has mapped it (or given up): the fd is not needed any more
     if segments is None or any(v != b"1" for v in ready):
@@ -279,25 +281,84 @@ def _local_errors(
     return lambda index: peer_error(local[index])
 
 
+def _gather_host(
+    store: Store, key: str, value: bytes, local: tuple[int, ...], rank: int, deadline: float,
+    group: str,
+) -> list[bytes]:
+    """Publish ``value`` under ``key`` and return every host rank's value, in ``local`` order.
+
+    The host's first rank reads the values (one wait, one multi_get) and publishes them as one;
+    the others read that one value. Then each rank deletes its own value (the first rank has read
+    it) and the last reader the combined one, so a later group of the same name on the same store
+    never reads this one's keys. Deletions are one request per rank, never a loop on one rank:
+    the first rank often hosts the store server, and under load each of its round trips waits
+    for its own server thread.
+
+    Raises:
+        CollsTimeoutError: not every host rank published in time (names those that did not).
+    """
+    leader = local[0]
+    store.set(key.format(rank=rank), value)
+    gathered = key.format(rank=f"{leader}{GATHERED}")
+    if rank == leader:
+        values = _read_keys(store, key, local, deadline, rank, group, "shared-memory setup")
+        store.set(gathered, _pack(values))
+        with contextlib.suppress(Exception):
+            store.delete_key(key.format(rank=rank))
+        return values
+    try:
+        (packed,) = _read_keys(store, gathered, [leader], deadline, rank, group,
+                               "shared-memory setup")
+    except CollsTimeoutError:
+        missing = [r for r in local if not store.check([key.format(rank=r)])] or [leader]
+        raise CollsTimeoutError(
+            f"tcp: rank {rank} of group {group!r}: ranks {missing} did not publish their "
+            f"shared-memory setup in time"
+        ) from None
+    reads = key.format(rank=f"{leader}{GATHERED_READS}")
+    finished = [key.format(rank=rank)]
+    if store.add(reads, 1) == len(local) - 1:
+        finished += [gathered, reads]
+    for done in finished:
+        with contextlib.suppress(Exception):
+            store.delete_key(done)
+    return _unpack(packed)
+
+
+def _pack(values: list[bytes]) -> bytes:
+    """Join store values into one, each behind its length (4 bytes, big-endian)."""
+    return b"".join(len(v).to_bytes(4, "big") + v for v in values)
+
+
+def _unpack(data: bytes) -> list[bytes]:
+    """Split :func:`_pack`'s form."""
+    values, at = [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        values.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    return values
+
+
 def _read_keys(
     store: Store, key: str, ranks: object, deadline: float, rank: int, group: str, what: str
 ) -> list[bytes]:
     """Wait for ``key`` of every rank in ``ranks`` and return the values in that order.
 
-    Two store requests whatever the number of ranks (a wait, then one multi_get): read key by
-    key, the setup of a host of N ranks cost 2N^2 requests, which dominated startup at 256 ranks.
+    One store request whatever the number of ranks (a multi_get, which the server answers once
+    every key is there): read key by key, the setup of a host of N ranks cost 2N^2 requests,
+    which dominated startup at 256 ranks.
     """
     ranks = list(ranks)  # type: ignore[call-overload]
     keys = [key.format(rank=r) for r in ranks]
     try:
-        store.wait(keys, max(deadline - time.monotonic(), 0.001))
+        return store.multi_get(keys, timeout=max(deadline - time.monotonic(), 0.001))
     except StoreTimeoutError:
         missing = [r for r, k in zip(ranks, keys, strict=True) if not store.check([k])]
         raise CollsTimeoutError(
             f"tcp: rank {rank} of group {group!r}: ranks {missing} did not publish their "
             f"{what} in time"
         ) from None
-    return store.multi_get(keys)
 
 
 def _map_peers(

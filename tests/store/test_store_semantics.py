@@ -102,6 +102,53 @@ def test_wait_blocks_until_all_keys(store: Store) -> None:
     assert store.check(["w1", "w2"])
 
 
+def test_wait_needs_every_key_present_when_it_returns(store: Store) -> None:
+    """A key present when the wait began but deleted before the last one came is waited for."""
+    store.set("d1", b"1")
+
+    def delete_then_set() -> None:
+        store.delete_key("d1")
+        store.set("d2", b"2")
+        time.sleep(0.3)
+        store.set("d1", b"again")
+
+    setter = threading.Timer(0.1, delete_then_set)
+    setter.start()
+    start = time.monotonic()
+    try:
+        store.wait(["d1", "d2"], timeout=10)
+    finally:
+        setter.join(10)
+    assert time.monotonic() - start >= 0.35  # not answered when d2 came: d1 was gone then
+    assert store.get("d1") == b"again"
+
+
+def test_many_waiters_for_many_keys_are_all_answered(store: Store) -> None:
+    """Every key written answers exactly the waits that then have all their keys."""
+    keys = [f"m{i}" for i in range(40)]
+    done: list[int] = []
+
+    def wait_for(count: int) -> None:
+        store.wait(keys[:count], timeout=10)
+        done.append(count)
+
+    waiters = [threading.Thread(target=wait_for, args=(c,)) for c in (10, 20, 40)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.1)
+    for key in keys[:20]:
+        store.set(key, b"x")
+    deadline = time.monotonic() + 10
+    while len(done) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(done) == [10, 20]  # the wait for 40 keys still waits
+    for key in keys[20:]:
+        store.set(key, b"x")
+    for waiter in waiters:
+        waiter.join(10)
+    assert sorted(done) == [10, 20, 40]
+
+
 def test_get_timeout_names_key_and_elapsed(store: Store) -> None:
     store.set_timeout(0.3)
     assert store.timeout == datetime.timedelta(seconds=0.3)
@@ -113,6 +160,21 @@ def test_get_timeout_names_key_and_elapsed(store: Store) -> None:
     assert "get(" in message and "never" in message
     assert "timed out after 0.3 s (timeout 0.3 s)" in message
     assert message.startswith(store.description)
+
+
+def test_multi_get_waits_for_every_key_within_its_own_timeout(store: Store) -> None:
+    store.set("mg1", b"1")
+    setter = threading.Timer(0.2, store.set, args=("mg2", b"2"))
+    setter.start()
+    try:
+        assert store.multi_get(["mg1", "mg2"], timeout=10) == [b"1", b"2"]
+    finally:
+        setter.join(10)
+    start = time.monotonic()
+    with pytest.raises(StoreTimeoutError) as info:
+        store.multi_get(["mg1", "never"], timeout=0.3)  # not the store's timeout (300 s)
+    assert 0.29 <= time.monotonic() - start < 30
+    assert "never" in str(info.value)
 
 
 @pytest.mark.parametrize("timeout", [0.2, datetime.timedelta(milliseconds=200)])
