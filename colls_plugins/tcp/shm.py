@@ -124,8 +124,11 @@ SPIN_ITERATION_SECONDS = 1e-6
 #: while polling.
 YIELD_SECONDS_MAX = 0.02
 YIELD_SECONDS_MIN = 0.005
-#: Longest single block on the wake-up socket before re-checking counters, peers and timeout.
+#: Longest single block on the wake-up socket before re-checking counters, peers and timeout,
+#: at first; every full re-check doubles it, up to BLOCK_SLICE_MAX_SECONDS (a long wait then
+#: costs a few wake-ups a second, and a dead peer is still seen within that bound).
 BLOCK_SLICE_SECONDS = 0.01
+BLOCK_SLICE_MAX_SECONDS = 0.1
 #: Most wake-up datagrams one sleep reads. One is enough to wake; the rest only empty the queue,
 #: and any left over just end the next sleep early (a re-check, never a lost wake-up).
 WAKE_DRAIN_MAX = 8
@@ -423,28 +426,46 @@ class ShmGroup:
         self._block(list(ranks), target, what)
 
     def _block(self, pending: list[int], target: int, what: str) -> None:
+        """Sleep on the wake-up socket until every rank in ``pending`` has posted ``target``.
+
+        Every post of any host peer wakes every sleeper, so a wake-up must be cheap: posted ranks
+        leave ``pending`` from its end only, which costs O(1) unless the last one just posted.
+        The full look (every pending rank, dead peers, the timeout) comes at growing intervals.
+        Rescanning every pending rank at every wake-up made L ranks sleeping through a barrier
+        cost O(L^3) steps: at 256 ranks on two cores, the sleepers took the CPU the last ranks
+        needed to arrive.
+        """
         ctrls = self._ctrls
         deadline = time.monotonic() + self.timeout
         me = self._me
         me[_W_SLEEP] = 1
+        check_at = 0.0
+        slice_s = BLOCK_SLICE_SECONDS
         try:
             while True:
                 self._fence()
-                pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
+                while pending and ctrls[pending[-1]][_W_SEQ] >= target:
+                    pending.pop()
                 if not pending:
                     return
-                for r in pending:
-                    error = self._peer_error(r)
-                    if error is not None:
-                        raise error
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise CollsTimeoutError(
-                        f"rank {self.group_rank}: {what} did not complete within "
-                        f"{self.timeout:.1f} s (shared memory; no progress from ranks "
-                        f"{[self.group_ranks[r] for r in pending]})"
-                    )
-                self._sleep(min(BLOCK_SLICE_SECONDS, remaining))
+                now = time.monotonic()
+                if now >= check_at:
+                    pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
+                    if not pending:
+                        return
+                    for r in pending:
+                        error = self._peer_error(r)
+                        if error is not None:
+                            raise error
+                    if now >= deadline:
+                        raise CollsTimeoutError(
+                            f"rank {self.group_rank}: {what} did not complete within "
+                            f"{self.timeout:.1f} s (shared memory; no progress from ranks "
+                            f"{[self.group_ranks[r] for r in pending]})"
+                        )
+                    check_at = min(now + slice_s, deadline)
+                    slice_s = min(2 * slice_s, BLOCK_SLICE_MAX_SECONDS)
+                self._sleep(check_at - now)
         finally:
             me[_W_SLEEP] = 0
 
