@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import mmap
 import os
@@ -161,20 +162,29 @@ class Segment:
         self.slot_bytes = slot_bytes
         self.ranks = ranks
         self.ctrl = memoryview(mm)[:CTRL_BYTES].cast("q")
-        base = np.frombuffer(mm, dtype=np.uint8)
-        self.slots = [
-            base[CTRL_BYTES + s * slot_bytes : CTRL_BYTES + (s + 1) * slot_bytes]
-            for s in range(SLOTS)
-        ]
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
-        raw = memoryview(mm)
-        #: The payloads of the two tiny-message lines, as bytes.
-        self.tiny = [
+        self._pairs: dict[int, tuple[memoryview, memoryview]] = {}
+
+    # The views below are made on first use: a rank of a large host maps every host peer's
+    # segment at startup, and making them all for each of 255 peers was a fifth of its CPU time
+    # to the first barrier.
+    @functools.cached_property
+    def slots(self) -> list[np.ndarray]:
+        """The data slots, as bytes."""
+        base = np.frombuffer(self.mm, dtype=np.uint8)
+        size = self.slot_bytes
+        return [base[CTRL_BYTES + s * size : CTRL_BYTES + (s + 1) * size] for s in range(SLOTS)]
+
+    @functools.cached_property
+    def tiny(self) -> list[memoryview]:
+        """The payloads of the two tiny-message lines, as bytes."""
+        raw = memoryview(self.mm)
+        views = [
             raw[(_W_TINY + 8 * p + 1) * 8 : (_W_TINY + 8 * p + 1) * 8 + TINY_BYTES]
             for p in range(2)
         ]
         raw.release()
-        self._pairs: dict[int, tuple[memoryview, memoryview]] = {}
+        return views
 
     def pair(self, q: int) -> tuple[memoryview, memoryview]:
         """Return pair area ``q``: its control line as int64 words and its ring (cached).
@@ -270,7 +280,7 @@ class Segment:
         self.close_fd()
         self._typed.clear()
         self.slots = []
-        for view in self.tiny:
+        for view in self.__dict__.get("tiny", ()):
             with contextlib.suppress(BufferError):  # a NumPy view left to the GC: it goes too
                 view.release()
         self.tiny = []
