@@ -19,16 +19,26 @@ reduce-scatter, L column rings across hosts, shared-memory all-gather), marks th
 a full mesh) and the startup. ``--check FILE`` compares the model with the figures of
 benchmarks/bench_scale.py (one host, 8..256 ranks) and prints the ratio, flagging > 25 %.
 
-Startup model: launch (a preloaded launcher forks each rank, ``c_launch`` of a core per rank,
-the host's ranks sharing its cores) + the store (one server thread answers every request,
-``t_req`` each) + the ring connections (one α each). Requests per rank are
-``14 + 2·L`` with L ranks per host: 14 for the rendezvous, the host map and the tcp address
-(O(1)), and two reads per host peer in the shared-memory setup (colls_plugins/tcp/shm_setup.py
-reads each host peer's segment info and answer with one GET each; with one MULTI_GET per list it
-is 19 per rank in all). Across hosts the launchers run in parallel; the store term grows with N.
+Startup model, L ranks per host on H hosts (N = H·L), the host's ranks sharing its cores:
+
+* the launcher's own start (Python, NumPy and colls imported once before forking):
+  ``LAUNCHER_S``, 0.45 s here (the first rank starts 0.43 to 0.60 s after colls-run does);
+* launch: a preloaded launcher forks each rank, which then runs colls' setup: ``c_launch`` of a
+  core per rank (its own store requests included);
+* shared memory: each rank maps its L−1 host peers' segments: ``c_peer`` of a core per pair;
+* the store: one server thread answers every request of the job, ``t_req`` each. Requests per
+  rank are constant: 11 for the rendezvous, the host map and the tcp address, and 8 for the
+  shared-memory setup, whose two rounds go through each host's first rank
+  (colls_plugins/tcp/shm_setup.py); 19 in all, measured at every size from 8 to 256;
+* the ring connections: one α each.
+
+So ``LAUNCHER_S + L·c_launch/min(cores, L) + L(L−1)·c_peer/cores + N·19·t_req + 2α``. On one
+host the store term cannot be told apart from the launch term (both grow with N), so ``--check``
+fits ``c_launch`` and ``c_peer`` on two sizes (64 and 256) of the given figures, with the store
+folded into ``c_launch``, and checks the others; ``t_req`` (86 µs: half a ``store.add`` round trip
+through the Python server, 172 µs measured on this host under load) only matters across hosts.
 The first all_reduce of a new group on one host waits for every rank to run once:
-``αs + N·s_rank/cores``. ``c_launch``, ``t_req`` and ``s_rank`` depend on the host's load, so
-``--check`` fits them on two sizes (32 and 128) of the given figures and checks the others.
+``αs + N·s_rank/cores``, ``s_rank`` fitted at 128.
 """
 
 from __future__ import annotations
@@ -52,9 +62,13 @@ HOSTS = (16, 32, 64, 128, 256, 512, 1024)
 SIZES = {"8 B": 8, "1 MiB": 1 << 20, "256 MiB": 256 << 20}
 #: Startup parameters: fitted by --check; these defaults are a fit to the figures of
 #: docs/benchmarks.md "Scale" (this 2-core host under a load of about 40).
-PARAMS = {"c_launch": 0.122, "t_req": 72e-6, "s_rank": 3.2e-3}
-#: Store requests per rank that do not depend on the host's size (rendezvous, host map, address).
-FIXED_REQUESTS = 14
+PARAMS = {"c_launch": 0.0425, "c_peer": 1.54e-4, "t_req": 86e-6, "s_rank": 7.3e-3}
+#: Seconds from starting colls-run to its first fork (see the module docstring).
+LAUNCHER_S = 0.45
+#: Store requests per rank: the rendezvous, the host map and the tcp address; then the shared-
+#: memory setup's, for a rank that has host peers.
+FIXED_REQUESTS = 11
+SHM_REQUESTS = 8
 CORES = 2
 
 
@@ -125,7 +139,7 @@ def connections(shape: str, hosts: int) -> int:
 
 def requests(ranks: int, local: int) -> int:
     """Store requests of a job's startup (``local`` ranks per host; see the module docstring)."""
-    return ranks * (FIXED_REQUESTS + 2 * local)
+    return ranks * (FIXED_REQUESTS + (SHM_REQUESTS if local > 1 else 0))
 
 
 def startup(ranks: int, hosts: int = 1, params: dict[str, float] = PARAMS,
@@ -133,8 +147,10 @@ def startup(ranks: int, hosts: int = 1, params: dict[str, float] = PARAMS,
     """Predicted seconds from launch to the first barrier."""
     local = ranks // hosts
     launch = local * params["c_launch"] / min(cores, local)
+    mapping = local * (local - 1) * params["c_peer"] / cores
+    store = requests(ranks, local) * params["t_req"] if hosts > 1 else 0.0  # one host: in launch
     alpha = TRANSPORTS["loopback" if hosts == 1 else "1gbit"]["alpha"]
-    return launch + requests(ranks, local) * params["t_req"] + 2 * alpha
+    return LAUNCHER_S + launch + mapping + store + 2 * alpha
 
 
 def first_all_reduce(ranks: int, params: dict[str, float] = PARAMS) -> float:
@@ -143,17 +159,18 @@ def first_all_reduce(ranks: int, params: dict[str, float] = PARAMS) -> float:
 
 
 def fit(figures: list[dict]) -> dict[str, float]:
-    """Fit c_launch and t_req (startup) and s_rank (first all_reduce) on sizes 32 and 128."""
+    """Fit c_launch and c_peer (startup) on sizes 64 and 256, s_rank (first all_reduce) on 128."""
     by = {f["ranks"]: f for f in figures}
-    a, b = by[32], by[128]
-    # startup = N c / CORES + requests(N, N) t   at the two sizes: two equations, two unknowns
-    m = [[a["ranks"] / CORES, requests(32, 32)], [b["ranks"] / CORES, requests(128, 128)]]
-    y = [a["startup_s"], b["startup_s"]]
+    a, b = by[64], by[256]
+    # startup - LAUNCHER_S = N c / CORES + N (N - 1) p / CORES   at the two sizes
+    m = [[n / CORES, n * (n - 1) / CORES] for n in (64, 256)]
+    y = [a["startup_s"] - LAUNCHER_S, b["startup_s"] - LAUNCHER_S]
     det = m[0][0] * m[1][1] - m[0][1] * m[1][0]
     c = (y[0] * m[1][1] - m[0][1] * y[1]) / det
-    t = (m[0][0] * y[1] - m[1][0] * y[0]) / det
-    s_rank = (b["first_all_reduce_ms"] / 1e3 - shm_all_reduce(4096, 128, cores=CORES)) * CORES / 128
-    return {"c_launch": c, "t_req": t, "s_rank": s_rank}
+    p = (m[0][0] * y[1] - m[1][0] * y[0]) / det
+    s_rank = ((by[128]["first_all_reduce_ms"] / 1e3 - shm_all_reduce(4096, 128, cores=CORES))
+              * CORES / 128)
+    return {"c_launch": c, "c_peer": p, "t_req": PARAMS["t_req"], "s_rank": s_rank}
 
 
 def table() -> list[str]:
@@ -190,8 +207,9 @@ def check(path: str) -> list[str]:
     with open(path) as f:
         figures = [x for x in json.load(f) if x["launcher"] == "colls-run"]
     params = fit(figures)
-    out = [f"fitted on 32 and 128 ranks: c_launch {params['c_launch'] * 1e3:.1f} ms, t_req "
-           f"{params['t_req'] * 1e6:.0f} us, s_rank {params['s_rank'] * 1e3:.2f} ms\n",
+    out = [f"fitted on 64 and 256 ranks (s_rank on 128): c_launch "
+           f"{params['c_launch'] * 1e3:.1f} ms, c_peer {params['c_peer'] * 1e6:.0f} us, s_rank "
+           f"{params['s_rank'] * 1e3:.2f} ms\n",
            "| ranks | store requests measured / model | startup measured / model (s) | ratio | "
            "first 4 KiB all_reduce measured / model (ms) | ratio |", "|---|---|---|---|---|---|"]
     for fig in figures:
