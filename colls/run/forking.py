@@ -79,8 +79,6 @@ PRELOAD_MODULES: tuple[str, ...] = (
     "colls.store.tcp",
     "colls.store.tcp_server",
     "colls_plugins.tcp.plugin",  # colls' own tcp backend, with colls_plugins.tcp.backend
-    "colls_plugins.mpi.plugin",  # colls' other plugin modules: their import loads neither
-    "colls_plugins.nccl.plugin",  # mpi4py nor cupy, and every worker registers them
 )
 
 #: Exit status of a forked child whose own setup failed, before the worker's program ran.
