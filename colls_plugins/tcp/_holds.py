@@ -37,21 +37,20 @@ class Leases(Generic[PeerT]):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._due: dict[PeerT, float] = {}
+        #: When each leasing peer must be heard from next. Read without the lock only to see
+        #: whether it is empty (the progress loop's check, once per wake-up).
+        self.due: dict[PeerT, float] = {}
         self.length_s = bound_s()
-
-    def __bool__(self) -> bool:
-        return bool(self._due)
 
     def grant(self, peer: PeerT) -> None:
         """``peer`` started or renewed a hold: it must renew again within :attr:`length_s`."""
         with self._lock:
-            self._due[peer] = time.monotonic() + self.length_s
+            self.due[peer] = time.monotonic() + self.length_s
 
     def end(self, peer: PeerT) -> None:
         """``peer`` released its hold, or its connection is gone."""
         with self._lock:
-            self._due.pop(peer, None)
+            self.due.pop(peer, None)
 
     def expired(self, deaf_to: Callable[[PeerT], bool]) -> list[PeerT]:
         """Remove and return the peers whose lease ran out.
@@ -62,13 +61,13 @@ class Leases(Generic[PeerT]):
         now = time.monotonic()
         lapsed: list[PeerT] = []
         with self._lock:
-            for peer, due in list(self._due.items()):
+            for peer, due in list(self.due.items()):
                 if due > now:
                     continue
                 if deaf_to(peer):
-                    self._due[peer] = now + self.length_s
+                    self.due[peer] = now + self.length_s
                 else:
-                    del self._due[peer]
+                    del self.due[peer]
                     lapsed.append(peer)
         return lapsed
 

@@ -680,7 +680,7 @@ class Engine:
                     self._send_probes()
                 if self._held and self._renewals.due():
                     self._renew_holds()
-                if self._leases:
+                if self._leases.due:
                     self._drop_silent_holders()
                 for key, mask in self._selector.select(self._select_timeout()):
                     peer = key.data
