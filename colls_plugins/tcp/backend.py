@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 
 def _check_count(name: str, value: object, low: int, high: int, op: str) -> int:
+    if type(value) is int and low <= value < high:  # the common case, without the ABC check
+        return value
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"tcp {op}: {name} must be an int, got {type(value).__name__} {value!r}")
     if not low <= int(value) < high:
