@@ -40,3 +40,16 @@ def interleaved(rank: int, world: int, calls: int, native: bool) -> int:
             if not (big == i % world).all():
                 raise AssertionError(f"rank {rank}: broadcast {i} wrong")
     return checked
+
+
+def interleaved_mixed(rank: int, world: int, calls: int) -> int:
+    """:func:`interleaved` with the even ranks on the compiled hot loop, the odd ones in Python."""
+    import os
+
+    native = rank % 2 == 0
+    os.environ["COLLS_NATIVE"] = "1" if native else "0"
+    colls.init_process_group("tcp", timeout=30)
+    try:
+        return interleaved(rank, world, calls, native)
+    finally:
+        colls.destroy_process_group()

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 import shm_tiny_workers
+from conftest import NOT_BUILT
 from tcp_helpers import run_ranks
 
 from colls import dtypes, fingerprint
@@ -151,3 +152,13 @@ def test_back_to_back_tiny_calls_between_processes_never_read_a_rewritten_line(s
     checked = spawn(shm_tiny_workers.interleaved, 3, args=(1500, shm_path),
                     env={"COLLS_NATIVE": str(int(shm_path))}, timeout=90)
     assert checked == [1500, 1500, 1500]
+
+
+@pytest.mark.timeout(120)
+def test_ranks_on_the_compiled_and_the_python_hot_loop_work_together():
+    """Three processes, ranks 0 and 2 compiled, rank 1 in Python: every result checked."""
+    if not shm_native.built():
+        pytest.skip(NOT_BUILT)
+    checked = spawn(shm_tiny_workers.interleaved_mixed, 3, args=(600,), backend=None,
+                    timeout=90)
+    assert checked == [600, 600, 600]
