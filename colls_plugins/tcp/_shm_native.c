@@ -81,6 +81,17 @@ static int check_open(SyncObject *self) {
     return 0;
 }
 
+/* What every fastcall method checks first: its argument count, then that the memory is open. */
+static int begin_call(SyncObject *self, Py_ssize_t nargs, Py_ssize_t expected,
+                      const char *name) {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, expected,
+                     nargs);
+        return -1;
+    }
+    return check_open(self);
+}
+
 static int Sync_init(SyncObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"segments", "rank", "seq_word", "sleep_word", "tiny_word",
                              "tiny_bytes", NULL};
@@ -241,11 +252,7 @@ PyDoc_STRVAR(poll_doc, "poll(ranks, target, spin_seconds, yield_seconds) -> int\
              "reached: the caller blocks).");
 
 static PyObject *Sync_poll(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "poll() takes 4 arguments");
-        return NULL;
-    }
-    if (check_open(self) < 0) {
+    if (begin_call(self, nargs, 4, "poll") < 0) {
         return NULL;
     }
     Py_ssize_t count = take_ranks(self, args[0]);
@@ -321,11 +328,7 @@ PyDoc_STRVAR(same_stamp_doc, "same_stamp(ranks, word) -> bool\n\n"
              "rank's.");
 
 static PyObject *Sync_same_stamp(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "same_stamp() takes 2 arguments");
-        return NULL;
-    }
-    if (check_open(self) < 0) {
+    if (begin_call(self, nargs, 2, "same_stamp") < 0) {
         return NULL;
     }
     Py_ssize_t count = take_ranks(self, args[0]);
@@ -352,11 +355,7 @@ PyDoc_STRVAR(tiny_post_doc, "tiny_post(array, line, tag, phase) -> tuple\n\n"
              "publish ``phase``; return the peers that sleep (as post()).");
 
 static PyObject *Sync_tiny_post(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "tiny_post() takes 4 arguments");
-        return NULL;
-    }
-    if (check_open(self) < 0) {
+    if (begin_call(self, nargs, 4, "tiny_post") < 0) {
         return NULL;
     }
     long line = PyLong_AsLong(args[1]);
@@ -410,11 +409,7 @@ PyDoc_STRVAR(tiny_fold_doc, "tiny_fold(array, line, code) -> bool\n\n"
              "float32, float64, int32, int64) and return True; else return False, unchanged.");
 
 static PyObject *Sync_tiny_fold(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "tiny_fold() takes 3 arguments");
-        return NULL;
-    }
-    if (check_open(self) < 0) {
+    if (begin_call(self, nargs, 3, "tiny_fold") < 0) {
         return NULL;
     }
     long line = PyLong_AsLong(args[1]);
