@@ -141,18 +141,10 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     batches: dict[int, tuple[ProcessGroup, list[tuple[str, Any, int | None, int]]]] = {}
     staged: list[tuple[int, int, Buffer | None]] = []  # (group, index in batch, recv buffer)
     for p in p2p_op_list:
-        if p.op.__name__ == "isend":
-            send = _checked_send(p.tensor, p.peer, p.group, p.tag, p.group_peer)
-            if send is None:
-                continue
-            pg, array, peer = send
-            entry, buf = ("isend", array, peer, p.tag), None
-        else:
-            recv = _checked_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
-            if recv is None:
-                continue
-            pg, buf, peer = recv
-            entry = ("irecv", buf.array, peer, p.tag)
+        checked = _checked_op(p)
+        if checked is None:
+            continue  # not a member of the op's group
+        pg, entry, buf = checked
         ops = batches.setdefault(id(pg), (pg, []))[1]
         staged.append((id(pg), len(ops), buf))
         ops.append(entry)
@@ -161,3 +153,28 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         started[key][i] if buf is None else _written_back(started[key][i], buf)
         for key, i, buf in staged
     ]
+
+
+def _checked_op(p: P2POp) -> tuple[ProcessGroup, tuple[str, Any, int | None, int], Buffer | None
+                                   ] | None:
+    """Check one op of a batch; return (group, backend entry, staged receive buffer) or None.
+
+    An op on the default group with a plain NumPy array takes the fast path's checks
+    (:func:`colls._fast_path.peer`); anything else the general ones, which raise the errors.
+    """
+    kind = "isend" if p.op.__name__ == "isend" else "irecv"
+    if p.group is None and p.group_peer is None:
+        ready = fast.peer(p.tensor, p.peer, p.tag, writable=kind == "irecv")
+        if ready is not None:
+            return ready[0], (kind, ready[1], p.peer, p.tag), None
+    if kind == "isend":
+        send = _checked_send(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+        if send is None:
+            return None
+        pg, array, peer = send
+        return pg, (kind, array, peer, p.tag), None
+    recv = _checked_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+    if recv is None:
+        return None
+    pg, buf, peer = recv
+    return pg, (kind, buf.array, peer, p.tag), buf

@@ -3,7 +3,8 @@
 A :class:`Work` is what ``async_op=True`` collectives and ``isend``/``irecv`` return, with torch's
 methods: ``wait(timeout)``, ``is_completed()``, ``is_success()``, ``exception()``,
 ``get_future()``, ``result()`` and ``source_rank()``. It wraps a
-:class:`concurrent.futures.Future`, which the backend (or the group's executor) completes.
+:class:`concurrent.futures.Future` (by default a :class:`colls.completion.Completion`, which makes
+its lock only when a thread blocks), which the backend (or the group's executor) completes.
 
 Failures are never swallowed: ``wait()`` re-raises the exception the operation ended with.
 """
@@ -16,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, final
 
+from colls.completion import Completion
 from colls.errors import CollsTimeoutError
 
 
@@ -51,7 +53,7 @@ class Work:
         description: str = "operation",
         default_timeout: float | None = None,
     ) -> None:
-        self._future: concurrent.futures.Future[Any] = future or concurrent.futures.Future()
+        self._future: concurrent.futures.Future[Any] = future or Completion()
         self.description = description
         self.default_timeout = default_timeout
         self._fence: Any = None

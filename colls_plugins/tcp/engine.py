@@ -84,6 +84,7 @@ from colls_plugins.tcp._mismatch import (
 from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, RX_HELD, Peer, SendOp, consume, gather
 from colls_plugins.tcp.connections import Connection, Incoming, Mesh, peer_name
 from colls_plugins.tcp.shm_p2p import (
+    DRIVEN_TICK_SECONDS,
     TICK_LINGER_SECONDS,
     TICK_SECONDS,
     Channel,
@@ -171,6 +172,7 @@ class Engine:
         self._delivered = Work.completed(description="tcp send (written into shared memory)")
         self._long_sleep = False  # the progress thread sleeps without looking at the rings
         self._ring_post_at = 0.0  # when a receive a ring may complete was last posted
+        self._drivers: set[PollingFuture] = set()  # receives whose waiter polls the rings now
         if self._world_size == 1:
             return  # a group of one: local delivery only, no sockets, no thread
         self._wake_lock = threading.Lock()
@@ -260,7 +262,7 @@ class Engine:
         origin = "any rank" if src is None else f"rank {src}"
         description = f"tcp recv from {origin} tag {tag}"
         rings = self._rings_for(src)
-        future = PollingFuture(self.poll_rings, self._shm_group) if rings else None
+        future = PollingFuture(self.poll_rings, self._shm_group, self._drivers) if rings else None
         work = Work(future, description=description, default_timeout=self._timeout)
         op = RecvOp(work, view, src, tag)
         bound = False
@@ -718,7 +720,9 @@ class Engine:
                 posted = self._table.posted_count()
             if posted or now - self._ring_post_at < TICK_LINGER_SECONDS:
                 self._long_sleep = False
-                timeout = min(timeout, TICK_SECONDS)  # a ring entry wakes no one: look
+                # A ring entry wakes no one: look (rarely while a waiter polls the rings).
+                tick = DRIVEN_TICK_SECONDS if self._drivers else TICK_SECONDS
+                timeout = min(timeout, tick)
         if self._incoming:
             first = min(state.deadline for state in self._incoming.values())
             timeout = min(timeout, max(0.0, first - time.monotonic()))

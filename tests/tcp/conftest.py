@@ -6,14 +6,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from tcp_helpers import make_group
+from tcp_helpers import NOT_BUILT, make_group
 
 from colls_plugins.tcp import shm_native
 from colls_plugins.tcp.backend import TcpBackend
-
-#: Why the compiled case of ``shm_path`` is skipped where the extension is missing.
-NOT_BUILT = "the optional extension is not built (no compiler)"
-
 
 @pytest.fixture
 def group() -> Iterator[Callable[..., list[TcpBackend]]]:

@@ -17,6 +17,10 @@ from colls_plugins.tcp.backend import TcpBackend
 
 #: Seconds a helper waits for its threads; a hang fails the test instead of blocking the run.
 JOIN_TIMEOUT = 30.0
+#: Why a test of the compiled shared-memory hot loop is skipped where the extension is missing
+#: (here, not in conftest.py: ``from conftest import`` picks whichever conftest came first when
+#: pytest is given several test directories).
+NOT_BUILT = "the optional extension is not built (no compiler)"
 
 #: Seconds a test waits for a Work or a condition.
 WAIT = 20.0

@@ -10,8 +10,7 @@ import os
 import numpy as np
 import pytest
 import shm_tiny_workers
-from conftest import NOT_BUILT
-from tcp_helpers import run_ranks
+from tcp_helpers import NOT_BUILT, run_ranks
 
 from colls import dtypes, fingerprint
 from colls.errors import BackendError

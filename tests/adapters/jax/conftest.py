@@ -13,10 +13,6 @@ pytest.importorskip("jax")
 import colls  # noqa: E402
 from colls.store import HashStore  # noqa: E402
 
-#: Environment of spawned ranks: JAX on CPU, without preallocating or probing accelerators.
-WORKER_ENV = {"JAX_PLATFORMS": "cpu"}
-
-
 @pytest.fixture
 def world1() -> Iterator[None]:
     """A tcp world of one process (this one), for checks that need no peer."""

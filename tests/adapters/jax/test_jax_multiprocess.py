@@ -8,13 +8,14 @@ reordering deadlock) is killed at its timeout and fails.
 from __future__ import annotations
 
 import pytest
-from conftest import WORKER_ENV
 from jax_reference import DTYPES, JIT_DTYPES
 from jax_workers import ORDER_ROUNDS, collectives_suite, jit_and_grad_suite
 
 from colls.testing import spawn
 
 JOB_TIMEOUT = 150.0
+#: Environment of spawned ranks: JAX on CPU, without preallocating or probing accelerators.
+WORKER_ENV = {"JAX_PLATFORMS": "cpu"}
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 30)
