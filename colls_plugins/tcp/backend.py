@@ -35,6 +35,7 @@ from colls_plugins.tcp.engine import Engine
 from colls_plugins.tcp.shm import ShmGroup
 from colls_plugins.tcp.shm_level import ShmLevel
 from colls_plugins.tcp.shm_p2p import Channels
+from colls_plugins.tcp._world_hosts import forget as forget_world_hosts
 from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:
@@ -86,11 +87,12 @@ class TcpBackend(Backend):
             self._engine.join()  # the ring neighbours; every other peer connects when needed
             found = setup_shm(
                 store, rank, world_size, options.timeout, self._engine.peer_error,
-                options.group_name,
+                options.group_name, options.global_ranks,
             )
         except BaseException:
             self._engine.close()
             raise
+        self._keeps_world_hosts = found.keeps_world_hosts
         self._hosts: HostMap = found.hosts
         self._shm: ShmGroup | None = found.shm
         if self._shm is not None and Channels.available(self._shm):  # p2p with host peers
@@ -302,6 +304,9 @@ class TcpBackend(Backend):
         self._engine.close()
         if self._shm is not None:
             self._shm.close()
+        if self._keeps_world_hosts:  # subgroups made after this exchange their host maps
+            self._keeps_world_hosts = False
+            forget_world_hosts(self.store)
 
     def __repr__(self) -> str:
         return (

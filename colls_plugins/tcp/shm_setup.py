@@ -7,7 +7,8 @@ store follow:
    (``COLLS_HOST_ID``, else hostname and kernel boot id); rank 0 reads them all and publishes
    one :class:`~colls.algorithms.hosts.HostMap` that every rank reads once. That is O(N)
    store requests for the group, and every rank holds the same map, so every rank chooses the
-   same algorithms (:func:`colls.algorithms.select.choose_levels`).
+   same algorithms (:func:`colls.algorithms.select.choose_levels`). A subgroup of a tcp world
+   skips it: its map is the world's, restricted to its ranks (:mod:`._world_hosts`).
 2. **Shared memory among the ranks of each host**: each rank publishes its pid, the memfd of its
    :class:`~colls_plugins.tcp.shm.Segment` and the name of its wake-up socket, maps its host
    peers' segments read-only through ``/proc/<pid>/fd/<fd>`` (checking the token stamped in
@@ -33,13 +34,15 @@ import secrets
 import socket
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colls import env
 from colls.algorithms.hosts import HostMap
 from colls.errors import CollsTimeoutError, StoreTimeoutError
+from colls.lifecycle import WORLD_GROUP_NAME
+from colls_plugins.tcp import _world_hosts
 from colls_plugins.tcp.shm import MIN_SLOT_BYTES, SLOT_ALIGN, Segment, ShmGroup
 
 if TYPE_CHECKING:
@@ -144,10 +147,15 @@ def _wake_socket() -> tuple[socket.socket | None, str]:
 
 @dataclass(frozen=True)
 class HostSetup:
-    """What :func:`setup` found: the group's host map and this host's shared memory (or None)."""
+    """What :func:`setup` found: the group's host map and this host's shared memory (or None).
+
+    ``keeps_world_hosts``: this group is the world and keeps its map for subgroups to derive
+    theirs (its backend calls :func:`colls_plugins.tcp._world_hosts.forget` when it closes).
+    """
 
     hosts: HostMap
     shm: ShmGroup | None
+    keeps_world_hosts: bool = False
 
 
 def setup(
@@ -157,24 +165,31 @@ def setup(
     timeout: float,
     peer_error: Callable[[int], BaseException | None],
     group: str,
+    global_ranks: Sequence[int] = (),
 ) -> HostSetup:
     """Agree on the group's host map and build shared memory among this host's ranks.
 
     Every rank calls this at backend creation (even with ``COLLS_SHM=0``, so that its host
     peers learn it). Every rank gets the same host map; the ranks of one host get the same
     answer about shared memory (a :class:`ShmGroup` over the host's ranks, numbered ``0..L-1``
-    in group-rank order, or None).
+    in group-rank order, or None). ``global_ranks`` (the group's world ranks) lets a subgroup
+    of a tcp world derive its host map instead of exchanging it (:mod:`._world_hosts`).
 
     Raises:
         CollsTimeoutError: some ranks did not take part within ``timeout``.
     """
+    world = group == WORLD_GROUP_NAME and tuple(global_ranks) == tuple(range(world_size))
     if world_size < 2:
         return HostSetup(HostMap.single(world_size), None)
     deadline = time.monotonic() + timeout
-    hosts = exchange_hosts(store, rank, world_size, deadline, group)
+    hosts = None if world else _world_hosts.derive(store, global_ranks)
+    keeps = False
+    if hosts is None:
+        hosts = exchange_hosts(store, rank, world_size, deadline, group)
+        keeps = world and _world_hosts.remember(store, hosts)
     local = hosts.hosts[hosts.host_of(rank)]
     if len(local) < 2:
-        return HostSetup(hosts, None)
+        return HostSetup(hosts, None, keeps)
     reason = shm_supported()
     seg: Segment | None = None
     if reason is None:
@@ -187,8 +202,10 @@ def setup(
     except BaseException:
         if seg is not None:
             seg.close()
+        if keeps:
+            _world_hosts.forget(store)
         raise
-    return HostSetup(hosts, shm)
+    return HostSetup(hosts, shm, keeps)
 
 
 def exchange_hosts(

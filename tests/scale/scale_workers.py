@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -41,3 +42,36 @@ def many_subgroups(rank: int, world_size: int) -> dict[str, Any]:
         out["odd"] = y.tolist()
         out["odd_connected"] = _connected(odd)
     return out
+
+
+def subgroups_on_two_hosts(rank: int, world_size: int) -> dict[str, Any]:
+    """On hosts {0, 1} and {2, 3} (COLLS_HOST_ID), make subgroups; count host-map exchanges."""
+    from colls_plugins.tcp import shm_setup
+
+    os.environ["COLLS_HOST_ID"] = f"host{rank // 2}"
+    exchanges: list[str] = []
+    exchange_hosts = shm_setup.exchange_hosts
+
+    def counted(store: Any, group_rank: int, size: int, deadline: float, group: str) -> Any:
+        exchanges.append(group)
+        return exchange_hosts(store, group_rank, size, deadline, group)
+
+    shm_setup.exchange_hosts = counted
+    colls.init_process_group("tcp", timeout=30)
+    try:
+        across = colls.new_group([1, 2, 3])  # world rank 1 alone on its host, then 2 and 3
+        pair = colls.new_group([0, 1])
+        out: dict[str, Any] = {}
+        for name, group in (("across", across), ("pair", pair)):
+            if group is colls.GroupMember.NON_GROUP_MEMBER:
+                continue
+            x = np.full(3, float(rank + 1))
+            colls.all_reduce(x, group=group)
+            out[name] = {"hosts": [list(h) for h in group.backend.hosts.hosts],
+                         "shm": group.backend.uses_shm, "sum": x.tolist()}
+        out["exchanges"] = exchanges
+        return out
+    finally:
+        shm_setup.exchange_hosts = exchange_hosts
+        if colls.is_initialized():
+            colls.destroy_process_group()
