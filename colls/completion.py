@@ -15,8 +15,8 @@ A Completion makes its Condition on first use (a thread that blocks, a done-call
   first (a thread that then blocks finds the state final) or the Condition does (and the
   completion notifies it as a plain Future would). Nothing can wait on a Condition that a
   completion did not see.
-* ``done()``, ``cancelled()`` and the finished case of ``result()``/``exception()`` read the state without a
-  lock: it only ever moves to a final value, once.
+* ``done()``, ``cancelled()`` and the finished case of ``result()``/``exception()`` read the
+  state without a lock: it only ever moves to a final value, once.
 
 Everything else is :class:`concurrent.futures.Future`'s own code, so ``wait``/``as_completed``,
 callbacks and cancellation behave as they document.
@@ -84,21 +84,26 @@ class Completion(concurrent.futures.Future):  # type: ignore[type-arg]
 
     def set_result(self, result: Any) -> None:
         """Complete with ``result``; wakes waiters only where a Condition exists."""
-        with _MAKING:
-            if self._lazy_condition is None and self._state == PENDING:
-                self._result = result
-                self._state = FINISHED
-                return
-        super().set_result(result)  # notifies waiters, or raises InvalidStateError
+        if not self._finish_unwatched(result, None):
+            super().set_result(result)  # notifies waiters, or raises InvalidStateError
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Fail with ``exception``; wakes waiters only where a Condition exists."""
+        if not self._finish_unwatched(None, exception):
+            super().set_exception(exception)  # notifies waiters, or raises InvalidStateError
+
+    def _finish_unwatched(self, result: Any, exception: BaseException | None) -> bool:
+        """Finish a pending future that has no Condition yet (nobody can be waiting on one).
+
+        Returns False, having done nothing, when a Condition exists or the future is not
+        pending: then Future's own method runs.
+        """
         with _MAKING:
-            if self._lazy_condition is None and self._state == PENDING:
-                self._exception = exception
-                self._state = FINISHED
-                return
-        super().set_exception(exception)  # notifies waiters, or raises InvalidStateError
+            if self._lazy_condition is not None or self._state != PENDING:
+                return False
+            self._result, self._exception = result, exception
+            self._state = FINISHED
+            return True
 
 
 __all__ = ["Completion"]

@@ -30,12 +30,12 @@ from colls.staging import stage_cuda
 from colls_plugins.tcp import shm_collectives
 from colls_plugins.tcp._frames import HOLD_TAG, MAX_TAG
 from colls_plugins.tcp._scratch import ScratchArena
+from colls_plugins.tcp._world_hosts import forget as forget_world_hosts
 from colls_plugins.tcp.connections import Mesh
 from colls_plugins.tcp.engine import Engine
 from colls_plugins.tcp.shm import ShmGroup
 from colls_plugins.tcp.shm_level import ShmLevel
 from colls_plugins.tcp.shm_p2p import Channels
-from colls_plugins.tcp._world_hosts import forget as forget_world_hosts
 from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:

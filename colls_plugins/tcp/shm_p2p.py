@@ -289,6 +289,6 @@ class PollingFuture(Completion):
 
 
 __all__ = [
-    "DRIVEN_TICK_SECONDS", "INLINE_MAX_BYTES", "TICK_LINGER_SECONDS", "TICK_SECONDS", "Channel", "Channels",
-    "PollingFuture",
+    "DRIVEN_TICK_SECONDS", "INLINE_MAX_BYTES", "TICK_LINGER_SECONDS", "TICK_SECONDS", "Channel",
+    "Channels", "PollingFuture",
 ]

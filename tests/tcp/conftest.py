@@ -11,6 +11,7 @@ from tcp_helpers import NOT_BUILT, make_group
 from colls_plugins.tcp import shm_native
 from colls_plugins.tcp.backend import TcpBackend
 
+
 @pytest.fixture
 def group() -> Iterator[Callable[..., list[TcpBackend]]]:
     """Return a factory of groups whose backends are closed after the test."""

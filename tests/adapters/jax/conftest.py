@@ -13,6 +13,7 @@ pytest.importorskip("jax")
 import colls  # noqa: E402
 from colls.store import HashStore  # noqa: E402
 
+
 @pytest.fixture
 def world1() -> Iterator[None]:
     """A tcp world of one process (this one), for checks that need no peer."""
