@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 import colls
+from colls.registry import REGISTRY
 from colls_torch import _groups
-from colls_torch._errors import boundary, translated
+from colls_torch._errors import backend_call, boundary, translated
 from colls_torch._ops import ReduceOp, check_reduction, to_colls
 from colls_torch._submit import submit
 from colls_torch._tensors import (
@@ -24,6 +25,7 @@ from colls_torch._tensors import (
     check_single_tensor,
     check_tensor_list,
     ensure_same_dtype,
+    shared_numpy,
 )
 from colls_torch._work import Work
 
@@ -41,6 +43,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False) -> W
         return None
     cop = to_colls(op)
     check_reduction(cop, tensor.dtype, "all_reduce")
+    if not async_op and pg is REGISTRY.default:
+        array = shared_numpy(tensor)
+        if array is not None:  # a loss or a metric: the core's fast path (colls._fast_path)
+            with backend_call():
+                colls.all_reduce(array, op=cop)
+            return None
     st = _staging(pg)
     t = st.target(tensor)
     return submit(st, lambda a: colls.all_reduce(t, op=cop, group=pg, async_op=a), [tensor],

@@ -69,6 +69,31 @@ def ensure_same_dtype(*tensors: Any) -> None:
             )
 
 
+#: Dtypes whose CPU tensors ``Tensor.numpy()`` shares as NumPy arrays of the same meaning (no
+#: bfloat16 or float8: NumPy has none, so those go through DLPack and ml_dtypes).
+_NUMPY_DTYPES = frozenset({
+    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+})
+
+
+def shared_numpy(tensor: torch.Tensor) -> Any:
+    """Return a NumPy array sharing ``tensor``'s memory when that is what colls would import.
+
+    For a contiguous CPU tensor of a dtype in :data:`_NUMPY_DTYPES` (with no lazy conjugate or
+    negative bit), ``Tensor.numpy()`` gives the array DLPack would, in about a microsecond
+    instead of tens (torch's ``__dlpack__`` runs in Python), and a NumPy array takes the core's
+    fast path. Anything else returns None and goes through :class:`Staging` and DLPack.
+    """
+    if (
+        tensor.device.type != "cpu" or tensor.dtype not in _NUMPY_DTYPES
+        or tensor.layout is not torch.strided or not tensor.is_contiguous()
+        or tensor.is_conj() or tensor.is_neg()
+    ):
+        return None
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+
+
 class Staging:
     """Turn caller tensors into what colls moves; copy staged results back at the end.
 
@@ -82,6 +107,8 @@ class Staging:
         self._copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def _plain(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_conj():  # torch's collectives view complex tensors as real first
+            torch.view_as_real(tensor)  # raises the RuntimeError they raise for a lazy conjugate
         return tensor.detach() if tensor.requires_grad else tensor
 
     def _needs_host(self, tensor: torch.Tensor) -> bool:

@@ -49,6 +49,24 @@ def sc_all_reduce(rank: int, size: int, face: str = "dropin") -> tuple[int, list
             work = dist.all_reduce(t, async_op=True)
             return _work_outcome(work, t) + (work.get_future().wait(),)
         ck.both(f"all_reduce async {dtype}", asy)
+
+    # Tensors colls_torch hands to the core as shared NumPy arrays (its fast lane) at their edges:
+    # a 0-d tensor, a Parameter (requires grad: written through its storage), and a lazy
+    # conjugate, which torch refuses (view_as_real) and so must colls_torch.
+    def scalar(dist, g):
+        t = torch.tensor(float(rank + 1))
+        return dist.all_reduce(t, group=g), t
+    ck.both("all_reduce 0-d tensor", scalar)
+
+    def parameter(dist, g):
+        p = torch.nn.Parameter(torch.full((3,), float(rank + 1)))
+        return dist.all_reduce(p, group=g), p.detach()
+    ck.both("all_reduce Parameter", parameter)
+
+    def conjugate(dist, g):
+        t = torch.full((3,), complex(rank, 1), dtype=torch.complex64).conj()
+        return dist.all_reduce(t, group=g), t.resolve_conj()
+    ck.both("all_reduce conjugate view", conjugate, raises="RuntimeError")
     return ck.report()
 
 

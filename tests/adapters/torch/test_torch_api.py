@@ -15,7 +15,7 @@ import colls_torch as C  # noqa: E402
 import torch.distributed as T  # noqa: E402
 from colls_torch import _errors, _ops  # noqa: E402
 from colls_torch._stores import TorchStore  # noqa: E402
-from colls_torch._tensors import Staging  # noqa: E402
+from colls_torch._tensors import Staging, shared_numpy  # noqa: E402
 from ct_pool import free_port, run_fresh  # noqa: E402
 
 import colls  # noqa: E402
@@ -196,6 +196,26 @@ def test_staging_detaches_grad_tensors_and_shares_storage():
     target = st.target(param)
     assert not target.requires_grad and target.data_ptr() == param.data_ptr()
     assert not st.staged
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool,
+                                   torch.complex128])
+def test_shared_numpy_views_a_contiguous_cpu_tensor_without_copying(dtype):
+    tensor = torch.nn.Parameter(torch.ones(2, 3, dtype=dtype), requires_grad=dtype.is_floating_point
+                                or dtype.is_complex)
+    array = shared_numpy(tensor)
+    assert array.shape == (2, 3) and array.ctypes.data == tensor.data_ptr()
+    assert str(array.dtype) == str(tensor.dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(4, dtype=torch.bfloat16),  # NumPy has no bfloat16: DLPack and ml_dtypes
+    lambda: torch.ones(4, 4)[:, 1],  # not contiguous
+    lambda: torch.ones(3, dtype=torch.complex64).conj(),  # a lazy conjugate
+    lambda: torch.ones(3).to_sparse(),
+], ids=["bfloat16", "strided", "conjugate", "sparse"])
+def test_shared_numpy_leaves_other_tensors_to_dlpack(make):
+    assert shared_numpy(make()) is None
 
 
 # -- stores ------------------------------------------------------------------------------------
