@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from colls import env
 from colls.errors import BackendError, NetworkError, StoreError, StoreTimeoutError
 from colls.fingerprint import CollectiveMismatchError
-from colls.store.base import INTERNAL_KEY_PREFIX
+from colls.store.base import INTERNAL_KEY_PREFIX, innermost
 from colls.store.file import FileStore
 from colls.store.hash import HashStore
 
@@ -260,14 +260,8 @@ def _flush_reports_at_exit() -> None:
         watcher.flush(REPORT_FLUSH_S)
 
 
-def _base_store(store: Store) -> Store:
-    while hasattr(store, "underlying_store"):
-        store = store.underlying_store
-    return store
-
-
 def _attach(health: GroupHealth, store: Store) -> _Watcher | None:
-    base = _base_store(store)
+    base = innermost(store)
     if isinstance(base, HashStore):
         return None  # one process: nobody else to hear from
     with _watchers_lock:

@@ -26,6 +26,7 @@ import datetime
 import math
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from colls.errors import StoreError, StoreTimeoutError
 
@@ -111,6 +112,17 @@ def parse_counter(store: str, key: str, value: bytes) -> int:
         raise StoreError(
             f"{store}: add({key!r}) found a value that is not a decimal integer: {value[:64]!r}"
         ) from None
+
+
+def innermost(store: Any) -> Any:
+    """Return the store under every wrapper of ``store`` (PrefixStores, torch's PrefixStore).
+
+    A wrapper says what it wraps as ``underlying_store``, as torch's PrefixStore does; the job's
+    own store (a TCPStore with its address and token, a HashStore) is the one without.
+    """
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
 
 
 def timeout_error(
@@ -323,4 +335,4 @@ class Store(abc.ABC):
         """Release resources; called once by :meth:`close`."""
 
 
-__all__ = ["DEFAULT_TIMEOUT", "INTERNAL_KEY_PREFIX", "Store"]
+__all__ = ["DEFAULT_TIMEOUT", "INTERNAL_KEY_PREFIX", "Store", "innermost"]

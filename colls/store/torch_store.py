@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar, final
 
 from colls.errors import CollsError, NetworkError, StoreError, StoreTimeoutError
-from colls.store.base import Store, timeout_error, to_seconds
+from colls.store.base import Store, innermost, timeout_error, to_seconds
 
 T = TypeVar("T")
 
@@ -194,8 +194,7 @@ def _quiesce_at_exit() -> None:
 
 def _tcp_address(store: Any) -> tuple[str | None, int | None]:
     """Return (host, port) of the torch TCPStore under ``store``'s PrefixStores, or Nones."""
-    while hasattr(store, "underlying_store"):
-        store = store.underlying_store
+    store = innermost(store)
     host, port = getattr(store, "host", None), getattr(store, "port", None)
     if isinstance(host, str) and host and isinstance(port, int):
         return host, port

@@ -20,18 +20,10 @@ import weakref
 from collections.abc import Sequence
 
 from colls.algorithms.hosts import HostMap
-from colls.store.base import Store
-from colls.store.prefix import PrefixStore
+from colls.store.base import Store, innermost
 
 #: For each job store: the lowest world rank on the host of every world rank.
 _FIRST_ON_HOST: weakref.WeakKeyDictionary[Store, tuple[int, ...]] = weakref.WeakKeyDictionary()
-
-
-def _job_store(store: Store) -> Store:
-    """Return the store under every prefix of ``store``."""
-    while isinstance(store, PrefixStore):
-        store = store.underlying_store
-    return store
 
 
 def remember(store: Store, hosts: HostMap) -> bool:
@@ -39,7 +31,7 @@ def remember(store: Store, hosts: HostMap) -> bool:
 
     Returns whether it was kept: the backend that kept it forgets it when it closes.
     """
-    job = _job_store(store)
+    job = innermost(store)
     if job in _FIRST_ON_HOST:
         return False
     first = [0] * hosts.world_size
@@ -52,12 +44,12 @@ def remember(store: Store, hosts: HostMap) -> bool:
 
 def forget(store: Store) -> None:
     """Drop the map kept for ``store``'s job store (its world group is closing)."""
-    _FIRST_ON_HOST.pop(_job_store(store), None)
+    _FIRST_ON_HOST.pop(innermost(store), None)
 
 
 def derive(store: Store, global_ranks: Sequence[int] | None) -> HostMap | None:
     """Return the host map of a group of the world ranks ``global_ranks``, or None if unknown."""
-    first = _FIRST_ON_HOST.get(_job_store(store))
+    first = _FIRST_ON_HOST.get(innermost(store))
     if first is None or not global_ranks or any(not 0 <= r < len(first) for r in global_ranks):
         return None
     return HostMap.from_identities([str(first[r]) for r in global_ranks])

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 from colls import auth, env
 from colls.errors import BackendError, CollsTimeoutError, NetworkError, StoreTimeoutError
 from colls.sockets import enable_keepalive
+from colls.store.base import innermost
 from colls_plugins.tcp._frames import (
     ACCEPT,
     DECLINE,
@@ -123,9 +124,7 @@ def advertised_host(store: Store) -> str:
     configured = env.get("COLLS_TCP_HOST")
     if configured:
         return str(configured)
-    base = store
-    while hasattr(base, "underlying_store"):
-        base = base.underlying_store
+    base = innermost(store)
     host = getattr(base, "host", None)
     if not isinstance(host, str) or not host:
         return _LOOPBACK
@@ -157,9 +156,7 @@ def group_token(store: Store, options: BackendOptions) -> bytes | None:
     given = options.extra.get("auth_token") if options.extra else None
     if given is not None:
         return auth.resolve_token(given)
-    base = store
-    while hasattr(base, "underlying_store"):
-        base = base.underlying_store
+    base = innermost(store)
     token = getattr(base, "auth_token", None)
     if isinstance(token, bytes) and token:
         return token

@@ -126,6 +126,47 @@ def test_allowed_op_dtype_pairs_reduce_correctly():
         assert got.dtype == expected.dtype and torch.equal(got, expected), (op, got, expected)
 
 
+def _all_reduce_lanes(rank: int, size: int) -> list[tuple[str, bool, bool, list[float]]]:
+    """all_reduce tensors of several kinds; note which ones ran in the core's fast path."""
+    from colls import _fast_path
+
+    ran: list[bool] = []
+    fast = _fast_path.all_reduce
+
+    def recorded(tensor, op):  # the core calls its fast path through the module attribute
+        done = fast(tensor, op)
+        ran.append(done)
+        return done
+
+    _fast_path.all_reduce = recorded
+    C.init_process_group("gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    out = []
+    for name, tensor in (
+        ("float32", torch.full((3,), float(rank + 1))),
+        ("Parameter", torch.nn.Parameter(torch.full((2,), float(rank + 1)))),
+        ("0-d int64", torch.tensor(rank + 1)),
+        ("bfloat16", torch.full((3,), float(rank + 1), dtype=torch.bfloat16)),
+        ("strided", torch.full((3, 2), float(rank + 1))[:, 0]),
+    ):
+        ran.clear()
+        C.all_reduce(tensor)
+        out.append((name, ran == [True], bool(ran), tensor.detach().float().reshape(-1).tolist()))
+    C.destroy_process_group()
+    return out
+
+
+def test_all_reduce_of_plain_cpu_tensors_takes_the_core_fast_path():
+    for rank_results in run_fresh(_all_reduce_lanes, 2):
+        by_name = {name: (fast, tried, values) for name, fast, tried, values in rank_results}
+        for name in ("float32", "Parameter", "0-d int64"):
+            fast, _, values = by_name[name]
+            assert fast, f"{name}: not run by the core's fast path"
+            assert values == [3.0] * len(values), (name, values)
+        for name in ("bfloat16", "strided"):  # DLPack and the general path, as before
+            _, tried, values = by_name[name]
+            assert not tried and values == [3.0] * len(values), (name, values)
+
+
 # -- Backend, availability -----------------------------------------------------------------------
 
 
