@@ -64,6 +64,13 @@ REPORT_FLUSH_S = 5.0
 #: was sometimes too short and the cause was lost. Only an orderly leave without a record (a
 #: program that ended mid-collective) waits this long; a crash breaks the group at once.
 CATCH_UP_GRACE_S = 2.0
+#: Seconds a rank that saw a failure first-hand waits for its record to reach the store before it
+#: aborts its connections: peers that see the connections drop then find the cause waiting
+#: instead of racing the record (on a loaded host the record once came after CATCH_UP_GRACE_S).
+RECORD_BEFORE_ABORT_S = 1.0
+#: Seconds a rank that lost a peer's connection spends reading the records already written (one
+#: store round trip, unless the store's host is gone too) before it blames that peer.
+PEER_LOST_CATCH_UP_S = 0.5
 #: Slots a reporter tries before giving up (each failed try means another rank reported).
 MAX_REPORT_SLOTS = 10_000
 
@@ -122,6 +129,9 @@ class _Watcher:
         self._stop = threading.Event()
         self._blocking = not isinstance(store, FileStore)
         self._thread = threading.Thread(target=self._run, name="colls-health", daemon=True)
+
+    def start(self) -> None:
+        """Start reading records; only once the first group is added, so none goes unapplied."""
         self._thread.start()
 
     def add(self, health: GroupHealth) -> None:
@@ -218,12 +228,20 @@ class _Watcher:
         self._stop.wait(POLL_INTERVAL_S)
         return None
 
-    def catch_up(self) -> None:
-        """Apply the records already in the store now, on the calling thread.
+    def catch_up(self, timeout: float) -> None:
+        """Apply the records already in the store, waiting at most ``timeout`` seconds.
 
         A rank that closes a broken group writes its record before its connections close, so
-        a peer that sees a connection close can find the cause here first.
+        a peer that sees a connection close can find the cause here first. The reading runs in
+        a helper thread: a store whose host vanished must not hold the caller past ``timeout``
+        (what it reads later is still applied; applying a record twice changes nothing).
         """
+        reader = threading.Thread(target=self._read_written, name="colls-health-catch-up",
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout)
+
+    def _read_written(self) -> None:
         index = self.next_index
         try:
             while self.store.check([RECORD_KEY.format(index=index)]):
@@ -266,10 +284,13 @@ def _attach(health: GroupHealth, store: Store) -> _Watcher | None:
         return None  # one process: nobody else to hear from
     with _watchers_lock:
         watcher = _watchers.get(id(base))
-        if watcher is None or watcher.store is not base:
-            watcher = _Watcher(base)
-            _watchers[id(base)] = watcher
+        if watcher is not None and watcher.store is base:
+            watcher.add(health)
+            return watcher
+        watcher = _Watcher(base)
+        _watchers[id(base)] = watcher
         watcher.add(health)
+        watcher.start()
     return watcher
 
 
@@ -374,7 +395,7 @@ class GroupHealth:
         if isinstance(exc, CollectiveMismatchError):
             return exc
         if isinstance(exc, NetworkError) and self.error is None and self._watcher is not None:
-            self._watcher.catch_up()  # a peer that left may have recorded why
+            self._watcher.catch_up(CATCH_UP_GRACE_S)  # a peer that left may have recorded why
             if self.error is None:  # or its record is in the watcher's hands right now
                 self._broken_event.wait(CATCH_UP_GRACE_S)
         with self._lock:
@@ -394,6 +415,9 @@ class GroupHealth:
         """Backend hook: group rank ``group_rank`` vanished abruptly (called from its thread)."""
         if self._closed:
             return
+        if self.error is None and self._watcher is not None:
+            # A peer that broke on a recorded failure closes its end; find that record first.
+            self._watcher.catch_up(PEER_LOST_CATCH_UP_S)
         dead = self._pg.global_rank(group_rank)
         where = self._where()
         reason = f"world rank {dead} died or dropped its connection {where} ({exc})"
@@ -428,6 +452,12 @@ class GroupHealth:
     # -- breaking ------------------------------------------------------------------------------
     def _break(self, message: str, *, cause: BaseException | None,
                record: FailureRecord | None) -> None:
+        """Fail the group's pending works with ``message``, abort the backend, publish ``record``.
+
+        A first-hand failure's ``record`` gets up to RECORD_BEFORE_ABORT_S to reach the store
+        before the abort closes any connection, so that a peer that sees them close reads why
+        (:meth:`_Watcher.catch_up`) instead of blaming this rank.
+        """
         with self._lock:
             if self.error is not None or self._closed:
                 return
@@ -437,6 +467,9 @@ class GroupHealth:
             works, self._works = list(self._works), set()
         self._broken_event.set()
         logger.warning("%s", error)
+        if record is not None and self._watcher is not None:
+            self._watcher.report(record)
+            self._watcher.flush(RECORD_BEFORE_ABORT_S)
         abort = getattr(self._pg.backend, "abort", None)
         if callable(abort):
             try:
@@ -445,8 +478,6 @@ class GroupHealth:
                 logger.exception("colls: abort of group %r's backend failed", self._pg.name)
         for work in works:
             work.set_exception(error)
-        if record is not None and self._watcher is not None:
-            self._watcher.report(record)
 
     def close(self) -> None:
         """Stop listening for failures (the group is being destroyed). Idempotent."""
