@@ -278,6 +278,66 @@ def test_a_lost_connection_finds_the_record_the_watcher_holds_but_has_not_applie
 
 
 @pytest.mark.timeout(60)
+def test_a_peer_that_left_over_a_recorded_failure_is_not_blamed_for_dying(monkeypatch):
+    """A rank that breaks closes its connections; a peer that sees one close (or a lazy
+    connect reset) before its watcher applied the record must raise the record's reason, not
+    "rank 0 died"."""
+    from colls import health as health_module
+
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
+    client = TCPStore("127.0.0.1", master.port, timeout=30)
+    watcher_holds_it, release = threading.Event(), threading.Event()
+    apply_record = health_module._Watcher._apply
+
+    def slow_apply(self, record):
+        if threading.current_thread().name == "colls-health":
+            watcher_holds_it.set()
+            release.wait(WAIT)
+        apply_record(self, record)
+
+    monkeypatch.setattr(health_module._Watcher, "_apply", slow_apply)
+    try:
+        here, there = fake_group(master, rank=0), fake_group(client, rank=1)
+        here.health.job_failed("broadcast #0", ValueError("rank 0 runs a different collective"))
+        assert watcher_holds_it.wait(WAIT)
+        there.backend.listener(0, NetworkError("tcp: rank 1 cannot reach rank 0: reset"))
+        message = str(there.health.error)
+        assert "rank 0 reported" in message and "different collective" in message, message
+        assert "died" not in message, message
+    finally:
+        release.set()
+        client.close()
+        master.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_record_written_before_a_process_attaches_its_first_group_still_breaks_it(
+        monkeypatch):
+    """A slow rank may still be setting up its world group when a fast one has already failed
+    and recorded why: its watcher must not read that record before the group is attached."""
+    from colls import health as health_module
+
+    add = health_module._Watcher.add
+
+    def slow_add(self, health):
+        time.sleep(0.3)
+        add(self, health)
+
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
+    client = TCPStore("127.0.0.1", master.port, timeout=30)
+    try:
+        here = fake_group(master, rank=0)
+        here.health.job_failed("all_reduce #0", ValueError("rank 0 failed first"))
+        monkeypatch.setattr(health_module._Watcher, "add", slow_add)
+        there = fake_group(client, rank=1)
+        assert _until(lambda: there.health.error is not None)
+        assert "rank 0 reported" in str(there.health.error)
+    finally:
+        client.close()
+        master.close()
+
+
+@pytest.mark.timeout(60)
 def test_losing_the_store_breaks_groups_but_an_orderly_shutdown_does_not():
     for orderly in (True, False):
         master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
