@@ -113,6 +113,23 @@ class Backend(ABC):
         ``array.nbytes`` fails the Work with a BackendError naming both sizes.
         """
 
+    def send(self, array: Array, dst: int, tag: int) -> None:
+        """Send ``array`` to group rank ``dst`` and return once the transport has it.
+
+        The core's blocking ``send`` of a host array in the default group calls this. The
+        default waits on :meth:`isend`'s Work; a backend may override it to skip the Work.
+        """
+        self.isend(array, dst, tag).wait()
+
+    def recv(self, array: Array, src: int | None, tag: int) -> int:
+        """Receive into ``array`` from ``src`` (None: any source); return the sender's group rank.
+
+        The core's blocking ``recv`` of a host array in the default group calls this. The
+        default waits on :meth:`irecv`'s Work; a backend may override it to skip the Work (the
+        tcp backend takes a message already in a host peer's ring straight from there).
+        """
+        return self.irecv(array, src, tag).source_rank()
+
     def batch_isend_irecv(self, ops: Sequence[tuple[str, Array, int | None, int]]) -> list[Work]:
         """Start a batch of sends and receives together; return their Works in the same order.
 

@@ -232,6 +232,18 @@ class MatchTable:
         self.unexpected_bytes = 0
         return removed
 
+    def claims(self, src: int, tag: int) -> bool:
+        """Return whether something stands before a new receive ``(src, tag)``.
+
+        A posted receive that accepts the message takes it first; a queued unexpected one is
+        the message itself. Either way the new receive must go through :meth:`post`'s rules.
+        """
+        unexpected = self._unexpected.get(tag)
+        return (
+            (src, tag) in self._posted_src or tag in self._posted_any
+            or (unexpected is not None and src in unexpected)
+        )
+
     def has_unexpected(self) -> bool:
         """Return whether any unexpected message is queued."""
         return bool(self._unexpected)

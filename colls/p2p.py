@@ -83,6 +83,11 @@ def _written_back(work: Work, buf: Buffer) -> Work:
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` and wait until it is handed to the transport."""
+    if group is None and group_dst is None:
+        ready = fast.peer(tensor, dst, tag, writable=False)
+        if ready is not None:  # the common case (colls._fast_path)
+            ready[0].backend.send(ready[1], dst, tag)
+            return
     work = isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
     if work is not None:
         work.wait()
@@ -91,6 +96,10 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
          group_src: int | None = None) -> int:
     """Receive into ``tensor``; return the sender's world rank (-1 for non-members)."""
+    if group is None and group_src is None:
+        ready = fast.peer(tensor, src, tag, writable=True)
+        if ready is not None:  # the common case: in the default group the group rank is global
+            return ready[0].backend.recv(ready[1], src, tag)
     work = irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
     if work is None:
         return -1  # not a member of the group

@@ -9,7 +9,10 @@
  *   stamps     compare peers' stamp words with this rank's (Sync.same_stamp);
  *   tiny       write a tiny all_reduce's stamp and payload and post (Sync.tiny_post), then check
  *              the stamps and fold every rank's payload in rank order (Sync.tiny_fold), bitwise
- *              NumPy's result for float32/float64/int32/int64 sums and products.
+ *              NumPy's result for float32/float64/int32/int64 sums and products;
+ *   rings      write one point-to-point ring entry and publish it (Sync.ring_put), take the next
+ *              entry of a peer's ring into a receive buffer (Sync.ring_take): the steps of
+ *              colls_plugins/tcp/shm_p2p.py's Channel, whose Python code stays the fallback.
  *
  * The word offsets come from shm.py through the constructor, so the layout has one source. The
  * pure-Python path (colls_plugins/tcp/shm.py) does the same steps and stays the fallback; the
@@ -23,6 +26,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ring entries are little-endian int64 words (shm_p2p.ENTRY); this file assumes the host is"
+#endif
 
 static inline int64_t load_acquire(const int64_t *word) {
     return __atomic_load_n(word, __ATOMIC_ACQUIRE);
@@ -55,7 +62,15 @@ typedef struct {
     Py_ssize_t *scratch; /* ranks being polled, copied out before the GIL is released */
     int busy;            /* a poll runs without the GIL: close() must not release the buffers */
     int closed;
+    /* point-to-point rings (set by rings(); ring_bytes 0 until then): pair area q of a
+     * segment starts at pair_base + q * pair_stride, its ring pair_ctrl_bytes later */
+    Py_ssize_t pair_base, pair_stride, pair_ctrl_bytes, ring_bytes, w_p2p_sleep;
 } SyncObject;
+
+/* A ring entry's header: tag, payload bytes (RING_SKIP: the rest of the ring is unused),
+ * socket messages sent before it. Entries start on 8-byte boundaries. */
+#define ENTRY_BYTES 24
+#define RING_SKIP (-1)
 
 static void release_buffers(SyncObject *self) {
     if (self->bufs != NULL) {
@@ -456,6 +471,185 @@ static PyObject *Sync_tiny_fold(SyncObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_TRUE;
 }
 
+PyDoc_STRVAR(rings_doc, "rings(pair_base, pair_stride, pair_ctrl_bytes, ring_bytes, p2p_sleep_word)\n\n"
+             "Enable ring_put/ring_take on segments that carry one pair area per host rank.");
+
+static PyObject *Sync_rings(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (begin_call(self, nargs, 5, "rings") < 0) {
+        return NULL;
+    }
+    Py_ssize_t v[5];
+    for (int i = 0; i < 5; i++) {
+        v[i] = PyLong_AsSsize_t(args[i]);
+        if (v[i] == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    Py_ssize_t end = v[0] + self->size * v[1];
+    if (v[0] < 0 || v[2] < 16 || v[2] % 8 || v[3] < 4 * ENTRY_BYTES || v[3] % 8
+        || v[1] < v[2] + v[3] || v[4] < 0 || v[4] * 8 >= v[0]) {
+        PyErr_SetString(PyExc_ValueError, "tcp shm: ring layout out of range");
+        return NULL;
+    }
+    for (Py_ssize_t r = 0; r < self->size; r++) {
+        if (self->bufs[r].len < end) {
+            PyErr_Format(PyExc_ValueError, "tcp shm: segment %zd has no pair areas", r);
+            return NULL;
+        }
+    }
+    self->pair_base = v[0];
+    self->pair_stride = v[1];
+    self->pair_ctrl_bytes = v[2];
+    self->ring_bytes = v[3];
+    self->w_p2p_sleep = v[4];
+    Py_RETURN_NONE;
+}
+
+static inline int64_t *pair_ctrl(SyncObject *self, Py_ssize_t seg, Py_ssize_t q) {
+    return (int64_t *)((char *)self->bufs[seg].buf + self->pair_base + q * self->pair_stride);
+}
+
+static inline char *pair_ring(SyncObject *self, Py_ssize_t seg, Py_ssize_t q) {
+    return (char *)pair_ctrl(self, seg, q) + self->pair_ctrl_bytes;
+}
+
+static inline int64_t entry_size(int64_t nbytes) {
+    return ENTRY_BYTES + (nbytes + 7) / 8 * 8;
+}
+
+/* The peer (host rank) named by args[0], after the common checks. -1 with an exception set. */
+static Py_ssize_t ring_peer(SyncObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            Py_ssize_t expected, const char *name) {
+    if (begin_call(self, nargs, expected, name) < 0) {
+        return -1;
+    }
+    if (self->ring_bytes == 0) {
+        PyErr_SetString(PyExc_ValueError, "tcp shm: rings() was not called");
+        return -1;
+    }
+    Py_ssize_t peer = PyLong_AsSsize_t(args[0]);
+    if (peer == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (peer < 0 || peer >= self->size || peer == self->rank) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: %zd is not a host peer", peer);
+        return -1;
+    }
+    return peer;
+}
+
+PyDoc_STRVAR(ring_put_doc, "ring_put(peer, payload, tag, sockets_before) -> int\n\n"
+             "Write one entry into this rank's ring to host rank ``peer`` and publish it:\n"
+             "0 if it does not fit (too large, or the ring is full: the caller uses the socket),\n"
+             "1 written, 2 written and a thread of the peer sleeps (the caller wakes it).");
+
+static PyObject *Sync_ring_put(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t peer = ring_peer(self, args, nargs, 4, "ring_put");
+    if (peer < 0) {
+        return NULL;
+    }
+    long long tag = PyLong_AsLongLong(args[2]);
+    long long before = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer src;
+    if (PyObject_GetBuffer(args[1], &src, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    int64_t nbytes = (int64_t)src.len;
+    int64_t ring_bytes = (int64_t)self->ring_bytes;
+    if (nbytes > ring_bytes / 4) {
+        PyBuffer_Release(&src);
+        return PyLong_FromLong(0);
+    }
+    int64_t *mine = pair_ctrl(self, self->rank, peer);  /* [0]: my head to the peer */
+    int64_t *theirs = pair_ctrl(self, peer, self->rank); /* [1]: what it consumed of mine */
+    char *ring = pair_ring(self, self->rank, peer);
+    int64_t size = entry_size(nbytes);
+    int64_t head = mine[0]; /* this rank alone writes it */
+    int64_t pos = head % ring_bytes;
+    int64_t left = ring_bytes - pos;
+    int64_t waste = left < size ? left : 0;
+    if (head + waste + size - load_acquire(&theirs[1]) > ring_bytes) {
+        PyBuffer_Release(&src);
+        return PyLong_FromLong(0);
+    }
+    if (waste) {
+        if (left >= ENTRY_BYTES) {
+            int64_t skip[3] = {0, RING_SKIP, 0};
+            memcpy(ring + pos, skip, sizeof skip);
+        }
+        head += waste;
+        pos = 0;
+    }
+    int64_t header[3] = {(int64_t)tag, nbytes, (int64_t)before};
+    memcpy(ring + pos, header, sizeof header);
+    memcpy(ring + pos + ENTRY_BYTES, src.buf, (size_t)nbytes);
+    PyBuffer_Release(&src);
+    __atomic_store_n(&mine[0], head + size, __ATOMIC_RELEASE);
+    /* Dekker with a peer about to sleep: our head is visible before we read its flag. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return PyLong_FromLong(load_acquire(&self->ctrl[peer][self->w_p2p_sleep]) ? 2 : 1);
+}
+
+PyDoc_STRVAR(ring_take_doc, "ring_take(peer, buffer, tag, max_before) -> int\n\n"
+             "Take the next entry of host rank ``peer``'s ring to this rank into ``buffer``\n"
+             "(writable) if it carries ``tag``, fills ``buffer`` exactly and counts at most\n"
+             "``max_before`` socket messages before it: 1 taken, 0 the ring is empty, -1 the\n"
+             "next entry is another (left in place).");
+
+static PyObject *Sync_ring_take(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t peer = ring_peer(self, args, nargs, 4, "ring_take");
+    if (peer < 0) {
+        return NULL;
+    }
+    long long tag = PyLong_AsLongLong(args[2]);
+    long long max_before = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    int64_t *theirs = pair_ctrl(self, peer, self->rank); /* [0]: its head to me */
+    int64_t *mine = pair_ctrl(self, self->rank, peer);   /* [1]: what I consumed of it */
+    const char *ring = pair_ring(self, peer, self->rank);
+    int64_t ring_bytes = (int64_t)self->ring_bytes;
+    int64_t header[3];
+    int64_t pos;
+    for (;;) {
+        int64_t consumed = mine[1]; /* this rank alone writes it */
+        if (load_acquire(&theirs[0]) == consumed) {
+            return PyLong_FromLong(0);
+        }
+        pos = consumed % ring_bytes;
+        int64_t left = ring_bytes - pos;
+        if (left >= ENTRY_BYTES) {
+            memcpy(header, ring + pos, sizeof header);
+            if (header[1] != RING_SKIP) {
+                break;
+            }
+        }
+        __atomic_store_n(&mine[1], consumed + left, __ATOMIC_RELEASE);
+    }
+    /* A header the peer wrote wrong (or on purpose) is left to the Python path's checks. */
+    if (header[0] != (int64_t)tag || header[2] > (int64_t)max_before || header[1] < 0
+        || header[1] > ring_bytes - pos - ENTRY_BYTES) {
+        return PyLong_FromLong(-1);
+    }
+    Py_buffer dst;
+    if (PyObject_GetBuffer(args[1], &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if ((int64_t)dst.len != header[1]) {
+        PyBuffer_Release(&dst);
+        return PyLong_FromLong(-1);
+    }
+    memcpy(dst.buf, ring + pos + ENTRY_BYTES, (size_t)header[1]);
+    PyBuffer_Release(&dst);
+    /* Our reads of the entry happen before the peer may see it consumed and reuse it. */
+    __atomic_store_n(&mine[1], mine[1] + entry_size(header[1]), __ATOMIC_RELEASE);
+    return PyLong_FromLong(1);
+}
+
 PyDoc_STRVAR(close_doc, "close()\n\nRelease the segments (at once, or when a running poll ends).");
 
 static PyObject *Sync_close(SyncObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -474,6 +668,9 @@ static PyMethodDef Sync_methods[] = {
     {"same_stamp", (PyCFunction)(void (*)(void))Sync_same_stamp, METH_FASTCALL, same_stamp_doc},
     {"tiny_post", (PyCFunction)(void (*)(void))Sync_tiny_post, METH_FASTCALL, tiny_post_doc},
     {"tiny_fold", (PyCFunction)(void (*)(void))Sync_tiny_fold, METH_FASTCALL, tiny_fold_doc},
+    {"rings", (PyCFunction)(void (*)(void))Sync_rings, METH_FASTCALL, rings_doc},
+    {"ring_put", (PyCFunction)(void (*)(void))Sync_ring_put, METH_FASTCALL, ring_put_doc},
+    {"ring_take", (PyCFunction)(void (*)(void))Sync_ring_take, METH_FASTCALL, ring_take_doc},
     {"close", (PyCFunction)Sync_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -512,7 +709,7 @@ PyMODINIT_FUNC PyInit__shm_native(void) {
     }
     /* colls_plugins/tcp/shm_native.py refuses a build whose interface is not the one it
      * expects (an editable install whose .so predates a change to this file). */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 1) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 2) < 0) {
         Py_DECREF(m);
         return NULL;
     }

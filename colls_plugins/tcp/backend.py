@@ -146,6 +146,21 @@ class TcpBackend(Backend):
         tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "irecv")
         return self._engine.irecv(array, src, tag)
 
+    def send(self, array: Any, dst: int, tag: int) -> None:
+        """Send ``array`` to group rank ``dst`` and return once the transport has it (a
+        blocking :meth:`isend`; a message written into a host peer's ring is already there)."""
+        dst = _check_count("dst", dst, 0, self.world_size, "send")
+        tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "send")
+        self._engine.send(array, dst, tag)
+
+    def recv(self, array: Any, src: int | None, tag: int) -> int:
+        """Receive into ``array`` from ``src`` (None: any) and return the sender (a blocking
+        :meth:`irecv`, without a Work when the message is next in a host peer's ring)."""
+        if src is not None:
+            src = _check_count("src", src, 0, self.world_size, "recv")
+        tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "recv")
+        return self._engine.recv(array, src, tag)
+
     # -- collectives: shared memory on one host, two levels across hosts ----------------------
     def _shm_for(self, collective: str) -> ShmGroup | None:
         """Return the shared memory to run ``collective`` through flat, or None for point-to-point.

@@ -78,6 +78,7 @@ from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
     PROBE_TAG,
     Tracker,
+    is_collective,
     probe_field,
     probed_tag,
 )
@@ -85,11 +86,14 @@ from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, RX_HELD, Peer, SendOp, co
 from colls_plugins.tcp.connections import Connection, Incoming, Mesh, peer_name
 from colls_plugins.tcp.shm_p2p import (
     DRIVEN_TICK_SECONDS,
+    INLINE_MAX_BYTES,
     TICK_LINGER_SECONDS,
     TICK_SECONDS,
+    YIELD_SECONDS,
     Channel,
     Channels,
     PollingFuture,
+    poll_briefly,
 )
 
 logger = logging.getLogger("colls.tcp")
@@ -309,6 +313,55 @@ class Engine:
         elif message is not None:
             self._complete_from(op, message)
         return work
+
+    def send(self, array: Any, dst: int, tag: int) -> None:
+        """Send ``array`` to ``dst`` and return once the kernel (or the peer's ring) has it."""
+        work = self.isend(array, dst, tag)
+        if work is not self._delivered:
+            work.wait()
+
+    def recv(self, array: Any, src: int | None, tag: int) -> int:
+        """Receive into ``array`` from ``src`` (None: any); return the sender (blocking irecv).
+
+        A blocking receive of a user message small enough for the ring, from a host peer,
+        takes the ring entry straight into ``array`` when it is next in that ring, now or while
+        this thread polls as a receive's waiter would (:func:`poll_briefly`): no Work, future or
+        posted receive. Everything else, and a message that is not there by then, goes through
+        :meth:`irecv` and its rules.
+        """
+        channel = None if src is None or is_collective(tag) else self._channels.get(src)
+        if channel is not None:
+            view = byte_view(array, name="array", writable=True)
+            if view.nbytes <= INLINE_MAX_BYTES and self._await_ring(channel, view, tag):
+                return channel.rank
+        return self.irecv(array, src, tag).source_rank()
+
+    def _await_ring(self, channel: Channel, view: memoryview, tag: int) -> bool:
+        """Take message ``tag`` for ``view`` from ``channel``'s ring; False: leave it to irecv."""
+        src, table = channel.rank, self._table
+        taken = False
+
+        def settled() -> bool:
+            nonlocal taken
+            if channel.has_news():
+                outcome = self._take_next(channel, view, tag)
+                if outcome is None:
+                    return False
+                taken = outcome
+                return True
+            return table.claims(src, tag) or self._refusal() is not None
+
+        poll_briefly(settled, self._shm_group.spin_iterations, YIELD_SECONDS)
+        return taken
+
+    def _take_next(self, channel: Channel, view: memoryview, tag: int) -> bool | None:
+        """Copy ``channel``'s next entry into ``view`` if it is the message a receive ``tag``
+        takes; False: it is not (irecv decides), None: the ring is empty."""
+        src = channel.rank
+        with self._lock:
+            if self._refusal() is not None or self._held or self._table.claims(src, tag):
+                return False
+            return channel.take(view, tag, self._arrivals.get(src, 0))
 
     # --------------------------------------------------------------------------- host peers
     def use_shm(self, channels: Channels) -> None:

@@ -196,7 +196,8 @@ class Segment:
         if views is None:
             if not 0 <= q < self.ranks:
                 raise IndexError(f"tcp shm: no pair area {q} (segment has {self.ranks})")
-            start = CTRL_BYTES + SLOTS * self.slot_bytes + q * (P2P_CTRL_BYTES + P2P_RING_BYTES)
+            base, stride = self.pair_layout()
+            start = base + q * stride
             raw = memoryview(self.mm)
             views = (
                 raw[start : start + P2P_CTRL_BYTES].cast("q"),
@@ -205,6 +206,10 @@ class Segment:
             raw.release()
             self._pairs[q] = views
         return views
+
+    def pair_layout(self) -> tuple[int, int]:
+        """Return where pair area 0 starts and the bytes from one pair area to the next."""
+        return CTRL_BYTES + SLOTS * self.slot_bytes, P2P_CTRL_BYTES + P2P_RING_BYTES
 
     @staticmethod
     def size_for(slot_bytes: int, ranks: int = 0) -> int:
@@ -351,6 +356,13 @@ class ShmGroup:
         self.native = None if native is None else native.Sync(
             [seg.mm for seg in segments], rank, _W_SEQ, _W_SLEEP, _W_TINY, TINY_BYTES)
         self._native_spin_seconds = self.spin_iterations * SPIN_ITERATION_SECONDS
+        #: The compiled ring steps of shm_p2p's channels (the same object as ``native``), or None:
+        #: pure Python, or segments without pair areas.
+        self.native_rings = None
+        if self.native is not None and all(seg.ranks == self.size for seg in segments):
+            base, stride = segments[0].pair_layout()
+            self.native.rings(base, stride, P2P_CTRL_BYTES, P2P_RING_BYTES, _W_P2P_SLEEP)
+            self.native_rings = self.native
         if self.native is not None:
             self.post = self._post_native  # type: ignore[method-assign]
             self.wait = self._wait_native  # type: ignore[method-assign]
@@ -506,6 +518,10 @@ class ShmGroup:
         self._fence()
         if self._ctrls[peer][_W_P2P_SLEEP]:
             self._wake(peer)
+
+    def wake_peer(self, peer: int) -> None:
+        """Wake host rank ``peer``'s blocked threads (the caller saw that one sleeps)."""
+        self._wake(peer)
 
     def wake_self(self) -> None:
         """Wake this rank's own blocked threads (a receive they wait for completed)."""

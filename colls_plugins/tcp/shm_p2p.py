@@ -87,6 +87,28 @@ DRIVEN_TICK_SECONDS = 0.02
 TICK_LINGER_SECONDS = 0.2
 
 
+def poll_briefly(settled: Callable[[], bool], spins: int, seconds: float) -> bool:
+    """Call ``settled()`` until it returns True; return False if it never did.
+
+    It is called ``spins`` times back to back (a waiter's spin, while every rank has a core),
+    then for ``seconds`` with a ``sched_yield`` every :data:`POLLS_PER_YIELD` calls, so that a
+    peer sharing this core can run and write. After that the caller blocks or takes a slower
+    path.
+    """
+    for _ in range(spins):
+        if settled():
+            return True
+    until = time.perf_counter() + seconds
+    polls = 0
+    while time.perf_counter() < until:
+        if settled():
+            return True
+        polls += 1
+        if polls % POLLS_PER_YIELD == 0:
+            os.sched_yield()
+    return False
+
+
 def entry_bytes(nbytes: int) -> int:
     """Return the ring bytes an entry with ``nbytes`` of payload takes."""
     return ENTRY.size + -(-nbytes // _ALIGN) * _ALIGN
@@ -95,23 +117,35 @@ def entry_bytes(nbytes: int) -> int:
 class Channel:
     """Both directions between this rank and one host peer: the ring to it and the ring from it.
 
-    Send state (``head``, ``sockets_sent``) is guarded by ``send_lock``; receive state
-    (``consumed``) by the engine's lock, which also counts the socket messages that arrived.
+    The ring positions live only in the shared words: this rank's head to the peer and what it
+    consumed of the peer's ring. Sending (and ``sockets_sent``) is guarded by ``send_lock``;
+    receiving by the engine's lock, which also counts the socket messages that arrived. Where
+    the compiled piece is built (:attr:`ShmGroup.native_rings`), it does
+    :meth:`try_send`'s and :meth:`take`'s steps; the Python ones here are the fallback.
     """
 
     def __init__(self, rank: int, group: ShmGroup, me: int, peer: int) -> None:
         self.rank = rank  # the peer's group rank
         self._group = group
         self._index = peer  # its host rank
+        self._native = group.native_rings
         # [0] my head to it, [1] what I consumed of its ring; and the ring I write
         self._out_ctrl, self._out = group.segments[me].pair(peer)
         # [0] its head to me, [1] what it consumed of mine; and the ring it writes
         self._in_ctrl, self._in = group.segments[peer].pair(me)
         self.send_lock = threading.Lock()
-        self.head = 0
         self.sockets_sent = 0
-        self.consumed = 0
         self._open = False  # the peer has attached its rings (seen once, then remembered)
+
+    @property
+    def head(self) -> int:
+        """Ring bytes this rank has written to the peer, in all (its shared head word)."""
+        return self._out_ctrl[0]
+
+    @property
+    def consumed(self) -> int:
+        """Ring bytes this rank has consumed of the peer's ring, in all (its shared word)."""
+        return self._out_ctrl[1]
 
     # -- sending -------------------------------------------------------------------------------
     def try_send(self, view: memoryview, tag: int) -> bool:
@@ -123,8 +157,13 @@ class Channel:
             if not self._group.p2p_is_open(self._index):
                 return False  # its engine would match our later socket messages first
             self._open = True
+        if self._native is not None:
+            written = self._native.ring_put(self._index, view, tag, self.sockets_sent)
+            if written == 2:  # a thread of the peer sleeps
+                self._group.wake_peer(self._index)
+            return written != 0
         size = entry_bytes(nbytes)
-        head = self.head
+        head = self._out_ctrl[0]
         pos = head % P2P_RING_BYTES
         left = P2P_RING_BYTES - pos
         waste = left if left < size else 0
@@ -139,20 +178,41 @@ class Channel:
         ENTRY.pack_into(ring, pos, tag, nbytes, self.sockets_sent)
         if nbytes:
             ring[pos + ENTRY.size : pos + ENTRY.size + nbytes] = view
-        self.head = head + size
-        self._out_ctrl[0] = self.head  # last: publishes the entry (TSO)
+        self._out_ctrl[0] = head + size  # last: publishes the entry (TSO)
         self._group.p2p_wake(self._index)  # a system call only when a thread of it sleeps
         return True
 
     # -- receiving (engine lock held) ----------------------------------------------------------
     def has_news(self) -> bool:
         """Whether the peer wrote something not consumed yet (no lock needed)."""
-        return self._in_ctrl[0] != self.consumed
+        return self._in_ctrl[0] != self._out_ctrl[1]
+
+    def take(self, view: memoryview, tag: int, max_before: int) -> bool | None:
+        """Copy the next entry into ``view`` and consume it if it is the one a receive takes.
+
+        That is: it carries ``tag``, fills ``view`` exactly and counts at most ``max_before``
+        socket messages before it. Returns None when the ring is empty and False when the next
+        entry is another (it stays for :meth:`peek`).
+        """
+        if self._native is not None:
+            taken = self._native.ring_take(self._index, view, tag, max_before)
+            return None if taken == 0 else taken > 0
+        entry = self.peek()
+        if entry is None:
+            return None
+        found, nbytes, before = entry
+        if found != tag or nbytes != view.nbytes or before > max_before:
+            return False
+        payload = self.payload(nbytes)
+        view[:] = payload
+        payload.release()
+        self.pop(nbytes)
+        return True
 
     def peek(self) -> tuple[int, int, int] | None:
         """Return the next entry (tag, nbytes, sockets_before) or None; skips wrap markers."""
         while True:
-            consumed = self.consumed
+            consumed = self._out_ctrl[1]
             if self._in_ctrl[0] == consumed:
                 return None
             pos = consumed % P2P_RING_BYTES
@@ -161,18 +221,16 @@ class Channel:
                 tag, nbytes, before = ENTRY.unpack_from(self._in, pos)
                 if nbytes != SKIP:
                     return tag, nbytes, before
-            self.consumed = consumed + left
-            self._out_ctrl[1] = self.consumed
+            self._out_ctrl[1] = consumed + left
 
     def payload(self, nbytes: int) -> memoryview:
         """Return the payload of the entry :meth:`peek` returned (valid until :meth:`pop`)."""
-        start = self.consumed % P2P_RING_BYTES + ENTRY.size
+        start = self._out_ctrl[1] % P2P_RING_BYTES + ENTRY.size
         return self._in[start : start + nbytes]
 
     def pop(self, nbytes: int) -> None:
         """Consume the entry :meth:`peek` returned; the sender may reuse its bytes."""
-        self.consumed += entry_bytes(nbytes)
-        self._out_ctrl[1] = self.consumed
+        self._out_ctrl[1] += entry_bytes(nbytes)
 
 
 class Channels:
@@ -231,21 +289,16 @@ class PollingFuture(Completion):
             self._drivers.discard(self)
 
     def _poll_then_sleep(self, timeout: float | None) -> None:
-        poll = self._poll
-        for _ in range(self._group.spin_iterations):
+        poll, done = self._poll, self.done
+
+        def settled() -> bool:
             poll()
-            if self.done():  # the progress thread may have completed it (a socket message)
-                return
+            return done()  # the progress thread may have completed it (a socket message)
+
         budget = YIELD_SECONDS if timeout is None else min(timeout, YIELD_SECONDS)
-        until = time.perf_counter() + budget
-        polls = 0
-        while time.perf_counter() < until:
-            poll()
-            if self.done():
-                return
-            polls += 1
-            if polls % POLLS_PER_YIELD == 0:
-                os.sched_yield()  # ranks may outnumber cores: let the sender run
+        if poll_briefly(settled, self._group.spin_iterations, budget):
+            return
+        poll = self._poll
         deadline = None if timeout is None else time.monotonic() + timeout
         group = self._group
         self._sleeping = True
@@ -289,6 +342,6 @@ class PollingFuture(Completion):
 
 
 __all__ = [
-    "DRIVEN_TICK_SECONDS", "INLINE_MAX_BYTES", "TICK_LINGER_SECONDS", "TICK_SECONDS", "Channel",
-    "Channels", "PollingFuture",
+    "DRIVEN_TICK_SECONDS", "INLINE_MAX_BYTES", "TICK_LINGER_SECONDS", "TICK_SECONDS",
+    "YIELD_SECONDS", "Channel", "Channels", "PollingFuture", "poll_briefly",
 ]

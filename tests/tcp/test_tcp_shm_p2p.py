@@ -265,3 +265,91 @@ def test_thousands_of_back_to_back_round_trips():
     # workload, with every value checked, not a reliable trigger.
     rounds = 2000
     assert spawn(shm_p2p_workers.ping_pong, 2, args=(rounds,), timeout=110) == [2 * rounds] * 2
+
+
+# -- blocking receives: straight from the ring when the message is next there ------------------
+
+def _no_irecv(monkeypatch: pytest.MonkeyPatch, backend: TcpBackend) -> None:
+    """Make ``backend``'s general receive path fail, to show a call did not go through it."""
+    def refuse(*args: Any) -> None:
+        raise AssertionError("the blocking receive went through irecv")
+
+    monkeypatch.setattr(backend._engine, "irecv", refuse)
+
+
+@pytest.mark.timeout(60)
+def test_a_blocking_receive_takes_the_next_ring_message_without_posting(hosts, shm_path,
+                                                                       monkeypatch):
+    a, b = hosts([0, 0])
+    assert (_channel(b, 0)._native is not None) == shm_path
+    for i in range(3):
+        a.send(np.full(5, i, np.int16), 1, 6)
+    _no_irecv(monkeypatch, b)
+    for i in range(3):
+        out = np.zeros(5, np.int16)
+        assert b.recv(out, 0, 6) == 0
+        assert out.tolist() == [i] * 5
+    assert _channel(b, 0).consumed == 3 * entry_bytes(10) == _channel(a, 1).head
+
+
+@pytest.mark.timeout(60)
+def test_a_blocking_receive_keeps_the_matching_order(hosts, shm_path):
+    """Whatever stands before the ring's next entry decides, as for a posted receive: an
+    earlier posted receive, an earlier message of another tag, a socket message sent first."""
+    a, b = hosts([0, 0])
+    first = np.zeros(2, np.int64)
+    posted = b.irecv(first, 0, 1)
+    a.send(np.array([1, 1]), 1, 1)
+    a.send(np.array([2, 2]), 1, 1)
+    second = np.zeros(2, np.int64)
+    assert b.recv(second, 0, 1) == 0 and posted.result() == 0
+    assert first.tolist() == [1, 1] and second.tolist() == [2, 2]
+
+    a.send(np.array([20, 20]), 1, 2)  # another tag first: it waits in the queue
+    a.send(np.array([10, 10]), 1, 1)
+    out = np.zeros(2, np.int64)
+    assert b.recv(out, 0, 1) == 0 and out.tolist() == [10, 10]
+    assert b.recv(out, 0, 2) == 0 and out.tolist() == [20, 20]
+
+    big = np.arange(INLINE_MAX_BYTES + 8, dtype=np.uint8)  # over the socket
+    a.send(big, 1, 3)
+    a.send(np.array([7], np.uint8), 1, 3)  # through the ring, counting the socket message
+    got_big, got_small = np.zeros_like(big), np.zeros(1, np.uint8)
+    assert b.recv(got_big, 0, 3) == 0 and b.recv(got_small, 0, 3) == 0
+    assert (got_big == big).all() and got_small.tolist() == [7]
+
+
+@pytest.mark.timeout(60)
+def test_a_blocking_receive_of_the_wrong_size_fails_naming_both_and_the_stream_goes_on(
+        hosts, shm_path):
+    a, b = hosts([0, 0])
+    a.send(np.arange(2, dtype=np.int32), 1, 3)
+    a.send(np.arange(4, dtype=np.int32), 1, 3)
+    wrong = np.full(4, -1, np.int32)
+    with pytest.raises(BackendError, match=r"rank 0 with tag 3 has 8 bytes but the receive "
+                                           r"buffer has 16 bytes"):
+        b.recv(wrong, 0, 3)
+    assert wrong.tolist() == [-1] * 4  # the caller's buffer is untouched
+    right = np.zeros(4, np.int32)
+    assert b.recv(right, 0, 3) == 0 and right.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(120)
+def test_blocking_sends_and_receives_stream_through_ring_wraps_and_the_socket(hosts, shm_path):
+    a, b = hosts([0, 0])
+    sizes = [0, 1, 8, 100, 1000, INLINE_MAX_BYTES, INLINE_MAX_BYTES + 1, 3000]
+    count = 6 * P2P_RING_BYTES // 2000  # the ring wraps several times
+
+    def run(rank: int) -> int:
+        for i in range(count):
+            size = sizes[i % len(sizes)]
+            if rank == 0:
+                a.send(np.full(size, i % 251, np.uint8), 1, 4)
+            else:
+                out = np.full(size, 255, np.uint8)
+                assert b.recv(out, 0, 4) == 0
+                assert (out == i % 251).all(), f"message {i} ({size} B) has other bytes"
+        return i
+
+    assert _on_threads(run, 2) == [count - 1] * 2
+    assert _channel(a, 1).head > 2 * P2P_RING_BYTES and _channel(a, 1).sockets_sent > 0
