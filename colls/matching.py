@@ -232,17 +232,20 @@ class MatchTable:
         self.unexpected_bytes = 0
         return removed
 
-    def claims(self, src: int, tag: int) -> bool:
-        """Return whether something stands before a new receive ``(src, tag)``.
+    def expects(self, src: int, tag: int) -> bool:
+        """Return whether a posted receive accepts a message ``(src, tag)`` (it takes it first)."""
+        return (src, tag) in self._posted_src or tag in self._posted_any
 
-        A posted receive that accepts the message takes it first; a queued unexpected one is
-        the message itself. Either way the new receive must go through :meth:`post`'s rules.
-        """
-        unexpected = self._unexpected.get(tag)
-        return (
-            (src, tag) in self._posted_src or tag in self._posted_any
-            or (unexpected is not None and src in unexpected)
-        )
+    def queued(self, src: int, tag: int) -> bool:
+        """Return whether an unexpected message ``(src, tag)`` is queued (a hint without the
+        caller's lock: one dict lookup each, which another thread's change cannot break)."""
+        return src in self._unexpected.get(tag, ())
+
+    def first_unexpected(self, src: int, tag: int) -> Message | None:
+        """Return the queued message a receive ``(src, tag)`` takes next, leaving it queued."""
+        by_src = self._unexpected.get(tag)
+        queue = None if by_src is None else by_src.get(src)
+        return None if queue is None else queue[0]
 
     def has_unexpected(self) -> bool:
         """Return whether any unexpected message is queued."""

@@ -307,7 +307,7 @@ def stage_cuda(cls: type) -> type:
     segments, the other collectives and point-to-point whole).
     """
     all_reduce, broadcast, reduce = cls.all_reduce, cls.broadcast, cls.reduce
-    isend, irecv, send, recv = cls.isend, cls.irecv, cls.send, cls.recv
+    isend, irecv = cls.isend, cls.irecv
 
     def staged_all_reduce(self: Any, array: Any, op: Any, tag: int) -> None:
         if not is_cuda_array(array):
@@ -366,21 +366,9 @@ def stage_cuda(cls: type) -> type:
 
         return chain(work, copy_up)
 
-    def staged_send(self: Any, array: Any, dst: int, tag: int) -> None:
-        if not is_cuda_array(array):
-            return send(self, array, dst, tag)
-        staged_isend(self, array, dst, tag).wait()
-        return None
-
-    def staged_recv(self: Any, array: Any, src: int | None, tag: int) -> int:
-        if not is_cuda_array(array):
-            return recv(self, array, src, tag)
-        return staged_irecv(self, array, src, tag).source_rank()
-
     for name, wrapped in (
         ("all_reduce", staged_all_reduce), ("broadcast", staged_broadcast),
         ("reduce", staged_reduce), ("isend", staged_isend), ("irecv", staged_irecv),
-        ("send", staged_send), ("recv", staged_recv),
     ):
         original = getattr(cls, name)
         wrapped.__name__, wrapped.__doc__ = name, original.__doc__

@@ -593,6 +593,47 @@ static PyObject *Sync_ring_put(SyncObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromLong(load_acquire(&self->ctrl[peer][self->w_p2p_sleep]) ? 2 : 1);
 }
 
+/* The position of the next entry of host rank ``peer``'s ring to this rank, after skipping
+ * wrap markers (consuming them); -1 when the ring is empty. Fills ``header``. */
+static int64_t next_entry(SyncObject *self, Py_ssize_t peer, int64_t header[3]) {
+    int64_t *theirs = pair_ctrl(self, peer, self->rank); /* [0]: its head to me */
+    int64_t *mine = pair_ctrl(self, self->rank, peer);   /* [1]: what I consumed of it */
+    const char *ring = pair_ring(self, peer, self->rank);
+    int64_t ring_bytes = (int64_t)self->ring_bytes;
+    for (;;) {
+        int64_t consumed = mine[1]; /* this rank alone writes it */
+        if (load_acquire(&theirs[0]) == consumed) {
+            return -1;
+        }
+        int64_t pos = consumed % ring_bytes;
+        int64_t left = ring_bytes - pos;
+        if (left >= ENTRY_BYTES) {
+            memcpy(header, ring + pos, 3 * sizeof(int64_t));
+            if (header[1] != RING_SKIP) {
+                return pos;
+            }
+        }
+        __atomic_store_n(&mine[1], consumed + left, __ATOMIC_RELEASE);
+    }
+}
+
+PyDoc_STRVAR(ring_peek_doc, "ring_peek(peer) -> (tag, nbytes, sockets_before) or None\n\n"
+             "The header of the next entry of host rank ``peer``'s ring to this rank (wrap\n"
+             "markers before it are consumed); None when the ring is empty.");
+
+static PyObject *Sync_ring_peek(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t peer = ring_peer(self, args, nargs, 1, "ring_peek");
+    if (peer < 0) {
+        return NULL;
+    }
+    int64_t header[3];
+    if (next_entry(self, peer, header) < 0) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(LLL)", (long long)header[0], (long long)header[1],
+                         (long long)header[2]);
+}
+
 PyDoc_STRVAR(ring_take_doc, "ring_take(peer, buffer, tag, max_before) -> int\n\n"
              "Take the next entry of host rank ``peer``'s ring to this rank into ``buffer``\n"
              "(writable) if it carries ``tag``, fills ``buffer`` exactly and counts at most\n"
@@ -609,26 +650,13 @@ static PyObject *Sync_ring_take(SyncObject *self, PyObject *const *args, Py_ssiz
     if (PyErr_Occurred()) {
         return NULL;
     }
-    int64_t *theirs = pair_ctrl(self, peer, self->rank); /* [0]: its head to me */
-    int64_t *mine = pair_ctrl(self, self->rank, peer);   /* [1]: what I consumed of it */
+    int64_t *mine = pair_ctrl(self, self->rank, peer); /* [1]: what I consumed of it */
     const char *ring = pair_ring(self, peer, self->rank);
     int64_t ring_bytes = (int64_t)self->ring_bytes;
     int64_t header[3];
-    int64_t pos;
-    for (;;) {
-        int64_t consumed = mine[1]; /* this rank alone writes it */
-        if (load_acquire(&theirs[0]) == consumed) {
-            return PyLong_FromLong(0);
-        }
-        pos = consumed % ring_bytes;
-        int64_t left = ring_bytes - pos;
-        if (left >= ENTRY_BYTES) {
-            memcpy(header, ring + pos, sizeof header);
-            if (header[1] != RING_SKIP) {
-                break;
-            }
-        }
-        __atomic_store_n(&mine[1], consumed + left, __ATOMIC_RELEASE);
+    int64_t pos = next_entry(self, peer, header);
+    if (pos < 0) {
+        return PyLong_FromLong(0);
     }
     /* A header the peer wrote wrong (or on purpose) is left to the Python path's checks. */
     if (header[0] != (int64_t)tag || header[2] > (int64_t)max_before || header[1] < 0
@@ -670,6 +698,7 @@ static PyMethodDef Sync_methods[] = {
     {"tiny_fold", (PyCFunction)(void (*)(void))Sync_tiny_fold, METH_FASTCALL, tiny_fold_doc},
     {"rings", (PyCFunction)(void (*)(void))Sync_rings, METH_FASTCALL, rings_doc},
     {"ring_put", (PyCFunction)(void (*)(void))Sync_ring_put, METH_FASTCALL, ring_put_doc},
+    {"ring_peek", (PyCFunction)(void (*)(void))Sync_ring_peek, METH_FASTCALL, ring_peek_doc},
     {"ring_take", (PyCFunction)(void (*)(void))Sync_ring_take, METH_FASTCALL, ring_take_doc},
     {"close", (PyCFunction)Sync_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},

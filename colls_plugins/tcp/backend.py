@@ -23,6 +23,8 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from colls.algorithms import hierarchical, select
 from colls.algorithms.hosts import HostMap
 from colls.backend import Backend, every_rank_has_a_core
@@ -149,13 +151,18 @@ class TcpBackend(Backend):
     def send(self, array: Any, dst: int, tag: int) -> None:
         """Send ``array`` to group rank ``dst`` and return once the transport has it (a
         blocking :meth:`isend`; a message written into a host peer's ring is already there)."""
+        if type(array) is not np.ndarray:
+            self.isend(array, dst, tag).wait()  # staged, for CUDA memory
+            return
         dst = _check_count("dst", dst, 0, self.world_size, "send")
         tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "send")
         self._engine.send(array, dst, tag)
 
     def recv(self, array: Any, src: int | None, tag: int) -> int:
         """Receive into ``array`` from ``src`` (None: any) and return the sender (a blocking
-        :meth:`irecv`, without a Work when the message is next in a host peer's ring)."""
+        :meth:`irecv`, without a Work when the message is next from a host peer)."""
+        if type(array) is not np.ndarray:
+            return self.irecv(array, src, tag).source_rank()  # staged, for CUDA memory
         if src is not None:
             src = _check_count("src", src, 0, self.world_size, "recv")
         tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "recv")

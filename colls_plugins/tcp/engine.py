@@ -59,6 +59,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from colls import env
 from colls.errors import BackendError, CollsError, NetworkError
 from colls.matching import (
@@ -208,11 +210,7 @@ class Engine:
         channel = self._channels.get(dst)
         if channel is not None:
             with channel.send_lock:  # the ring and the socket count stay in send order
-                peer = self._peers.get(dst)
-                if (
-                    self._refusal() is None and (peer is None or peer.dead is None)
-                    and channel.try_send(view, tag)
-                ):
+                if self._may_write_ring(dst) and channel.try_send(view, tag):
                     return self._delivered
                 channel.sockets_sent += 1
                 return self._send_socket(self._send_work(dst, tag), view, dst, tag, array)
@@ -220,6 +218,12 @@ class Engine:
         if dst == self.rank:
             return self._send_local(work, view, tag)
         return self._send_socket(work, view, dst, tag, array)
+
+    def _may_write_ring(self, dst: int) -> bool:
+        """Whether a message to host peer ``dst`` may go into its ring (its ``send_lock`` held):
+        not once this engine refuses work or knows ``dst`` gone."""
+        peer = self._peers.get(dst)
+        return self._refusal() is None and (peer is None or peer.dead is None)
 
     def _send_work(self, dst: int, tag: int) -> Work:
         return Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
@@ -314,54 +318,82 @@ class Engine:
             self._complete_from(op, message)
         return work
 
-    def send(self, array: Any, dst: int, tag: int) -> None:
-        """Send ``array`` to ``dst`` and return once the kernel (or the peer's ring) has it."""
+    # -- blocking calls of small host arrays, without a Work ---------------------------------
+    def send(self, array: np.ndarray, dst: int, tag: int) -> None:
+        """Send a C-contiguous ``array`` to ``dst``; return once the kernel or the ring has it.
+
+        A message small enough for the ring of a host peer is written there (no Work, no
+        byte view: the compiled piece reads the array itself); anything else is :meth:`isend`.
+        """
+        channel = self._channels.get(dst)
+        if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
+            with channel.send_lock:
+                if self._may_write_ring(dst) and channel.try_send(array, tag):
+                    return
         work = self.isend(array, dst, tag)
         if work is not self._delivered:
             work.wait()
 
-    def recv(self, array: Any, src: int | None, tag: int) -> int:
-        """Receive into ``array`` from ``src`` (None: any); return the sender (blocking irecv).
+    def recv(self, array: np.ndarray, src: int | None, tag: int) -> int:
+        """Receive into a C-contiguous ``array`` from ``src`` (None: any); return the sender.
 
-        A blocking receive of a user message small enough for the ring, from a host peer,
-        takes the ring entry straight into ``array`` when it is next in that ring, now or while
-        this thread polls as a receive's waiter would (:func:`poll_briefly`): no Work, future or
-        posted receive. Everything else, and a message that is not there by then, goes through
-        :meth:`irecv` and its rules.
+        A blocking receive of a user message small enough for the ring, from a host peer, takes
+        the message straight into ``array`` when it is next, in the unexpected queue or in the
+        ring, now or while this thread polls as a receive's waiter would
+        (:func:`poll_briefly`): no Work, future or posted receive. Everything else, and a
+        message that is not there by then, goes through :meth:`irecv` and its rules.
         """
         channel = None if src is None or is_collective(tag) else self._channels.get(src)
-        if channel is not None:
-            view = byte_view(array, name="array", writable=True)
-            if view.nbytes <= INLINE_MAX_BYTES and self._await_ring(channel, view, tag):
+        if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
+            taken = self._take_next(channel, array, tag)
+            if taken is None:
+                taken = self._await_ring(channel, array, tag)
+            if taken:
                 return channel.rank
         return self.irecv(array, src, tag).source_rank()
 
-    def _await_ring(self, channel: Channel, view: memoryview, tag: int) -> bool:
-        """Take message ``tag`` for ``view`` from ``channel``'s ring; False: leave it to irecv."""
+    def _await_ring(self, channel: Channel, array: np.ndarray, tag: int) -> bool:
+        """Take message ``tag`` for ``array`` from ``channel``'s peer once it comes (within a
+        waiter's polls); False: leave it to irecv."""
         src, table = channel.rank, self._table
         taken = False
 
         def settled() -> bool:
             nonlocal taken
-            if channel.has_news():
-                outcome = self._take_next(channel, view, tag)
-                if outcome is None:
-                    return False
-                taken = outcome
-                return True
-            return table.claims(src, tag) or self._refusal() is not None
+            if (
+                channel.has_news() or table.queued(src, tag)
+                or table.expects(src, tag) or self._refusal() is not None
+            ):
+                outcome = self._take_next(channel, array, tag)
+                if outcome is not None:
+                    taken = outcome
+                    return True
+            return False
 
         poll_briefly(settled, self._shm_group.spin_iterations, YIELD_SECONDS)
         return taken
 
-    def _take_next(self, channel: Channel, view: memoryview, tag: int) -> bool | None:
-        """Copy ``channel``'s next entry into ``view`` if it is the message a receive ``tag``
-        takes; False: it is not (irecv decides), None: the ring is empty."""
+    def _take_next(self, channel: Channel, array: np.ndarray, tag: int) -> bool | None:
+        """Copy the message a receive ``tag`` from ``channel``'s peer takes next into ``array``.
+
+        Returns False when that is not for this call to do (irecv decides: a posted receive
+        comes first, the message is still arriving or has another size, the group is broken)
+        and None when there is no message yet.
+        """
         src = channel.rank
+        table = self._table
         with self._lock:
-            if self._refusal() is not None or self._held or self._table.claims(src, tag):
+            if self._refusal() is not None or self._held or table.expects(src, tag):
                 return False
-            return channel.take(view, tag, self._arrivals.get(src, 0))
+            message = table.first_unexpected(src, tag)
+            if message is None:
+                return channel.take(array, tag, self._arrivals.get(src, 0))
+            if not message.done or len(message.buffer) != array.nbytes:
+                return False
+            table.take_unexpected(src, tag)
+            copy_bytes(byte_view(array, name="array", writable=True), message.buffer)
+            table.recycle(message.buffer)
+        return True
 
     # --------------------------------------------------------------------------- host peers
     def use_shm(self, channels: Channels) -> None:
@@ -420,6 +452,9 @@ class Engine:
             stale, conflict = self._tracker.on_arrival(src, tag, op is not None, self._table)
             for stale_op in stale:  # a receive this message proves can never match
                 done.append((stale_op, BackendError(f"{stale_op.work.description}: {conflict}")))
+            if op is not None and op.view.nbytes == nbytes and channel.take(op.view, tag, before):
+                done.append((op, src))  # copied in place and consumed
+                continue
             payload = channel.payload(nbytes)
             if op is None:
                 message = self._table.add_unexpected(src, tag, nbytes)
@@ -427,7 +462,7 @@ class Engine:
                 message.done = True
             elif op.view.nbytes != nbytes:
                 done.append((op, self._size_error(op, src, nbytes)))
-            else:
+            else:  # an entry take() would not copy (its header is out of bounds): as before
                 copy_bytes(op.view, payload)
                 done.append((op, src))
             payload.release()
