@@ -154,11 +154,16 @@ def check_peer(pg: ProcessGroup, peer: int | None, *, arg: str, op: str) -> None
         )
 
 
+#: Tags are int64 on the wire; the largest a user may pass.
+MAX_USER_TAG = (1 << 63) - 1
+
+
 def check_tag(tag: Any, *, op: str) -> int:
-    """Return ``tag`` if it is a valid user tag (an int >= 0; negative tags are colls' own)."""
+    """Return ``tag`` if it is a valid user tag (an int in [0, 2**63); negative tags are colls'
+    own)."""
     _check_int(tag, "tag", f"{op} on rank {my_rank()}")
-    if tag < 0:
-        raise ValueError(f"{op} on rank {my_rank()}: tag must be >= 0, got {tag}")
+    if not 0 <= tag <= MAX_USER_TAG:
+        raise ValueError(f"{op} on rank {my_rank()}: tag must be in [0, 2**63), got {tag}")
     return tag
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from colls import dtypes, fingerprint
-from colls._dispatch import run_guarded
+from colls._dispatch import MAX_USER_TAG, run_guarded
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
 from colls.registry import REGISTRY
@@ -217,11 +217,11 @@ def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:
     The common case of ``isend``/``irecv`` (the caller has checked ``group`` and
     ``group_dst``/``group_src`` are None): a C-contiguous NumPy array of a supported dtype
     (writable for a receive), an int peer that is another member of the default group (None,
-    "any source", for a receive), an int tag >= 0, a usable group. In the default group a world
-    rank is the group rank. Returns ``(group, flat array)``; None sends the call down the general
-    path, which raises its own errors.
+    "any source", for a receive), an int tag in [0, 2**63), a usable group. In the default
+    group a world rank is the group rank. Returns ``(group, flat array)``; None sends the call
+    down the general path, which raises its own errors.
     """
-    if type(tensor) is not np.ndarray or type(tag) is not int or tag < 0:
+    if type(tensor) is not np.ndarray or type(tag) is not int or not 0 <= tag <= MAX_USER_TAG:
         return None
     pg = REGISTRY.default
     if pg is None:

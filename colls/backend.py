@@ -116,17 +116,20 @@ class Backend(ABC):
     def send(self, array: Array, dst: int, tag: int) -> None:
         """Send ``array`` to group rank ``dst`` and return once the transport has it.
 
-        The core's blocking ``send`` of a host array in the default group calls this. The
-        default waits on :meth:`isend`'s Work; a backend may override it to skip the Work.
+        The core's blocking ``send`` calls this for a C-contiguous 1-D NumPy array of a known
+        dtype in the default group, after checking ``dst`` (another member) and ``tag`` (an int
+        in [0, 2**63)). The default waits on :meth:`isend`'s Work; a backend may override it to
+        skip the Work.
         """
         self.isend(array, dst, tag).wait()
 
     def recv(self, array: Array, src: int | None, tag: int) -> int:
         """Receive into ``array`` from ``src`` (None: any source); return the sender's group rank.
 
-        The core's blocking ``recv`` of a host array in the default group calls this. The
-        default waits on :meth:`irecv`'s Work; a backend may override it to skip the Work (the
-        tcp backend takes a message already in a host peer's ring straight from there).
+        The core's blocking ``recv`` calls this as :meth:`send` is called (``array`` writable,
+        ``src`` None or another member). The default waits on :meth:`irecv`'s Work; a backend
+        may override it to skip the Work (the tcp backend takes a message already in a host
+        peer's ring straight from there).
         """
         return self.irecv(array, src, tag).source_rank()
 

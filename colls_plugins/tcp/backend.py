@@ -23,8 +23,6 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from colls.algorithms import hierarchical, select
 from colls.algorithms.hosts import HostMap
 from colls.backend import Backend, every_rank_has_a_core
@@ -150,22 +148,14 @@ class TcpBackend(Backend):
 
     def send(self, array: Any, dst: int, tag: int) -> None:
         """Send ``array`` to group rank ``dst`` and return once the transport has it (a
-        blocking :meth:`isend`; a message written into a host peer's ring is already there)."""
-        if type(array) is not np.ndarray:
-            self.isend(array, dst, tag).wait()  # staged, for CUDA memory
-            return
-        dst = _check_count("dst", dst, 0, self.world_size, "send")
-        tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "send")
+        blocking :meth:`isend`; a message written into a host peer's ring is already there).
+        The core checked ``dst`` and ``tag`` (:meth:`colls.backend.Backend.send`)."""
         self._engine.send(array, dst, tag)
 
     def recv(self, array: Any, src: int | None, tag: int) -> int:
         """Receive into ``array`` from ``src`` (None: any) and return the sender (a blocking
-        :meth:`irecv`, without a Work when the message is next from a host peer)."""
-        if type(array) is not np.ndarray:
-            return self.irecv(array, src, tag).source_rank()  # staged, for CUDA memory
-        if src is not None:
-            src = _check_count("src", src, 0, self.world_size, "recv")
-        tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "recv")
+        :meth:`irecv`, without a Work when the message is next from a host peer). The core
+        checked ``src`` and ``tag`` (:meth:`colls.backend.Backend.recv`)."""
         return self._engine.recv(array, src, tag)
 
     # -- collectives: shared memory on one host, two levels across hosts ----------------------

@@ -80,7 +80,6 @@ from colls_plugins.tcp._mismatch import (
     PROBE_AFTER_S,
     PROBE_TAG,
     Tracker,
-    is_collective,
     probe_field,
     probed_tag,
 )
@@ -343,7 +342,7 @@ class Engine:
         (:func:`poll_briefly`): no Work, future or posted receive. Everything else, and a
         message that is not there by then, goes through :meth:`irecv` and its rules.
         """
-        channel = None if src is None or is_collective(tag) else self._channels.get(src)
+        channel = None if src is None or tag < 0 else self._channels.get(src)
         if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
             taken = self._take_next(channel, array, tag)
             if taken is None:
@@ -383,8 +382,8 @@ class Engine:
         src = channel.rank
         table = self._table
         with self._lock:
-            if self._refusal() is not None or self._held or table.expects(src, tag):
-                return False
+            if self._closed or self._broken is not None or self._held or table.expects(src, tag):
+                return False  # (what _refusal() says, without the call)
             message = table.first_unexpected(src, tag)
             if message is None:
                 return channel.take(array, tag, self._arrivals.get(src, 0))

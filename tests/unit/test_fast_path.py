@@ -202,7 +202,8 @@ def test_send_and_recv_same_on_both_paths(world) -> None:
         ({"dst": 0}, "it should not be the rank of the calling process"),
         ({"dst": 2}, "dst=2 is not a member of group"),
         ({"dst": True}, "dst must be an int, got bool"),
-        ({"dst": 1, "tag": -1}, "tag must be >= 0"),
+        ({"dst": 1, "tag": -1}, "tag must be in [0, 2**63), got -1"),
+        ({"dst": 1, "tag": 1 << 63}, "tag must be in [0, 2**63), got 9223372036854775808"),
         ({}, "either dst (a world rank) or group_dst must be specified"),
     ],
 )
