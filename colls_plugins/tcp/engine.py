@@ -344,7 +344,7 @@ class Engine:
         """
         channel = None if src is None or tag < 0 else self._channels.get(src)
         if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
-            taken = self._take_next(channel, array, tag)
+            taken = self._try_take(channel, array, tag)  # already there: no poll loop
             if taken is None:
                 taken = self._await_ring(channel, array, tag)
             if taken:
@@ -354,23 +354,29 @@ class Engine:
     def _await_ring(self, channel: Channel, array: np.ndarray, tag: int) -> bool:
         """Take message ``tag`` for ``array`` from ``channel``'s peer once it comes (within a
         waiter's polls); False: leave it to irecv."""
-        src, table = channel.rank, self._table
         taken = False
 
         def settled() -> bool:
             nonlocal taken
-            if (
-                channel.has_news() or table.queued(src, tag)
-                or table.expects(src, tag) or self._refusal() is not None
-            ):
-                outcome = self._take_next(channel, array, tag)
-                if outcome is not None:
-                    taken = outcome
-                    return True
-            return False
+            outcome = self._try_take(channel, array, tag)
+            if outcome is None:
+                return False
+            taken = outcome
+            return True
 
         poll_briefly(settled, self._shm_group.spin_iterations, YIELD_SECONDS)
         return taken
+
+    def _try_take(self, channel: Channel, array: np.ndarray, tag: int) -> bool | None:
+        """:meth:`_take_next` if the ring or the unexpected queue holds something from the peer.
+
+        A poll looks only there. What else makes a blocking receive give way (a receive posted
+        by another thread, a broken group) is found by :meth:`_take_next` when something comes,
+        or by irecv once the polls are over.
+        """
+        if channel.has_news() or self._table.queued(channel.rank, tag):
+            return self._take_next(channel, array, tag)
+        return None
 
     def _take_next(self, channel: Channel, array: np.ndarray, tag: int) -> bool | None:
         """Copy the message a receive ``tag`` from ``channel``'s peer takes next into ``array``.
