@@ -26,10 +26,13 @@ from colls_plugins.tcp.engine import MAX_UNEXPECTED_BYTES
 from colls_plugins.tcp.shm import P2P_RING_BYTES
 from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, entry_bytes
 
-pytestmark = pytest.mark.skipif(
-    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
+        reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
+    ),
+    pytest.mark.usefixtures("shm_path"),  # every test on the compiled ring steps and on Python's
+]
 
 
 def _channel(backend: TcpBackend, peer: int):  # noqa: ANN202 - the engine's Channel
