@@ -22,7 +22,6 @@ from typing import Any
 
 from colls import buffers, fingerprint, streams
 from colls.buffers import Buffer
-from colls.health import GroupHealth, label
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import ReduceSpec, resolve_op
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD
@@ -369,7 +368,7 @@ def submit(
     stream = _caller_stream()
 
     if check_seq is None and stream is None:  # the usual case: the job itself, no wrapper
-        return pg.run(functools.partial(run_guarded, health, op, seq, job, tag), op=op,
+        return pg.run(functools.partial(health.run, op, seq, job, tag), op=op,
                       async_op=async_op, timeout=timeout)
 
     fence = None
@@ -391,7 +390,7 @@ def submit(
             return result
 
     def run() -> Any:
-        return run_guarded(health, op, seq, checked_job, tag)
+        return health.run(op, seq, checked_job, tag)
 
     work = pg.run(run, op=op, async_op=async_op, timeout=timeout)
     if fence is not None and work is not None:
@@ -399,26 +398,4 @@ def submit(
     return work
 
 
-def run_guarded(
-    health: GroupHealth, op: str, seq: int, job: Callable[..., Any], *args: Any
-) -> Any:
-    """Run ``job(*args)`` as collective number ``seq`` of a group, under its health rules.
-
-    A group broken while the call was queued raises at once; a failure of the job breaks the
-    group (:meth:`GroupHealth.job_failed`) and raises what that returns. The one place both the
-    general path (:func:`submit`) and the fast path (:mod:`colls._fast_path`) run a
-    collective's job.
-    """
-    if health.error is not None:  # a failure while this call was queued
-        health.check(op)
-    health.begin(op, seq)
-    try:
-        return job(*args)
-    except BaseException as exc:
-        failure = health.job_failed(label(op, seq), exc)
-        if failure is exc:
-            raise
-        raise failure from exc
-    finally:
-        health.end()
 

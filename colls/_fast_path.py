@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from colls import dtypes, fingerprint
-from colls._dispatch import MAX_USER_TAG, run_guarded
+from colls._dispatch import MAX_USER_TAG
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
 from colls.registry import REGISTRY
@@ -138,8 +138,8 @@ def _broadcast_plan(
 
 def _run_plan(pg: ProcessGroup, op: str, plan: _Plan, array: np.ndarray) -> None:
     seq = pg.next_sequence()
-    run_guarded(pg.health, op, seq, plan.job, array, plan.arg,
-                fingerprint.collective_tag(seq, plan.signature))
+    pg.health.run(op, seq, plan.job, array, plan.arg,
+                  fingerprint.collective_tag(seq, plan.signature))
 
 
 def all_reduce(tensor: Any, op: Any) -> bool:
@@ -207,8 +207,7 @@ def barrier() -> bool:
 
 def _run_barrier(pg: ProcessGroup, plan: _Plan) -> None:
     seq = pg.next_sequence()
-    run_guarded(pg.health, "barrier", seq, plan.job,
-                fingerprint.collective_tag(seq, plan.signature))
+    pg.health.run("barrier", seq, plan.job, fingerprint.collective_tag(seq, plan.signature))
 
 
 def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:

@@ -33,6 +33,7 @@ import atexit
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -346,17 +347,28 @@ class GroupHealth:
             fresh.__cause__ = error.__cause__
             raise fresh
 
-    # -- bookkeeping of the running operation -------------------------------------------------
-    def begin(self, op: str, seq: int) -> None:
-        """Note that collective number ``seq``, an ``op``, is running (for error messages).
+    # -- running a collective -------------------------------------------------------------------
+    def run(self, op: str, seq: int, job: Callable[..., Any], *args: Any) -> Any:
+        """Run ``job(*args)`` as collective number ``seq``, an ``op``, under this group's rules.
 
-        Kept unformatted: this runs on every call, the text only when something fails.
+        A group broken while the call was queued raises at once; a failure of the job breaks the
+        group (:meth:`job_failed`) and raises what that returns. The one place where both the
+        general path (:func:`colls._dispatch.submit`) and the fast path
+        (:mod:`colls._fast_path`) run a collective's job. The running call is noted, unformatted,
+        for error messages (:meth:`_where`): this runs on every call, the text only on failure.
         """
+        if self.error is not None:  # a failure while this call was queued
+            self.check(op)
         self._current = (op, seq)
-
-    def end(self) -> None:
-        """Note that the running collective has ended."""
-        self._last, self._current = self._current, None
+        try:
+            return job(*args)
+        except BaseException as exc:
+            failure = self.job_failed(label(op, seq), exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        finally:
+            self._last, self._current = self._current, None
 
     def track(self, work: Work) -> None:
         """Fail ``work`` too if the group breaks before it completes."""

@@ -264,10 +264,17 @@ class Engine:
         return work
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
-        """Start receiving into ``array`` from ``src`` (None: any); the result is the sender."""
+        """Start receiving into ``array`` from ``src`` (None: any); the result is the sender.
+
+        A user message that is already next from a host peer (what a blocking :meth:`recv`
+        takes) is taken at once, and the Work returned complete: no future or posted receive.
+        """
         view = byte_view(array, name="array", writable=True)
         origin = "any rank" if src is None else f"rank {src}"
         description = f"tcp recv from {origin} tag {tag}"
+        channel = None if src is None or tag < 0 else self._channels.get(src)
+        if channel is not None and self._try_take(channel, view, tag):
+            return Work.completed(src, description=description)
         rings = self._rings_for(src)
         future = PollingFuture(self.poll_rings, self._shm_group, self._drivers) if rings else None
         work = Work(future, description=description, default_timeout=self._timeout)
@@ -367,7 +374,8 @@ class Engine:
         poll_briefly(settled, self._shm_group.spin_iterations, YIELD_SECONDS)
         return taken
 
-    def _try_take(self, channel: Channel, array: np.ndarray, tag: int) -> bool | None:
+    def _try_take(self, channel: Channel, array: np.ndarray | memoryview, tag: int
+                  ) -> bool | None:
         """:meth:`_take_next` if the ring or the unexpected queue holds something from the peer.
 
         A poll looks only there. What else makes a blocking receive give way (a receive posted
@@ -378,7 +386,8 @@ class Engine:
             return self._take_next(channel, array, tag)
         return None
 
-    def _take_next(self, channel: Channel, array: np.ndarray, tag: int) -> bool | None:
+    def _take_next(self, channel: Channel, array: np.ndarray | memoryview, tag: int
+                   ) -> bool | None:
         """Copy the message a receive ``tag`` from ``channel``'s peer takes next into ``array``.
 
         Returns False when that is not for this call to do (irecv decides: a posted receive

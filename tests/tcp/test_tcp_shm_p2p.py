@@ -356,3 +356,18 @@ def test_blocking_sends_and_receives_stream_through_ring_wraps_and_the_socket(ho
 
     assert _on_threads(run, 2) == [count - 1] * 2
     assert _channel(a, 1).head > 2 * P2P_RING_BYTES and _channel(a, 1).sockets_sent > 0
+
+
+@pytest.mark.timeout(60)
+def test_an_irecv_of_a_message_already_next_returns_a_completed_work(hosts):
+    a, b = hosts([0, 0])
+    a.send(np.array([3, 4], np.int64), 1, 8)
+    a.send(np.array([5, 6], np.int64), 1, 9)
+    later = np.zeros(2, np.int64)
+    other_tag = b.irecv(later, 0, 9)  # not next: the tag-8 message stands first in the ring
+    first = np.zeros(2, np.int64)
+    work = b.irecv(first, 0, 8)  # next now (the tag-9 receive queued the ring's entries)
+    assert work.is_completed() and work.result() == 0 and first.tolist() == [3, 4]
+    assert other_tag.result() == 0 and later.tolist() == [5, 6]
+    with b._engine._lock:
+        assert b._engine._table.posted_count() == 0
