@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from colls.backend import BackendSpec
+from colls.backend import Backend, BackendSpec
 from colls.errors import BackendError
 from colls.hookspecs import hookimpl
 from colls.work import Work
@@ -41,7 +41,18 @@ def _forward(outer: Work, exc: BaseException) -> None:
     outer.set_exception(exc)
 
 
-class Deaf(TcpBackend):
+class Relayed(TcpBackend):
+    """tcp, with blocking receives going through this class's ``irecv`` too.
+
+    tcp's own ``recv`` takes a message that is already next without calling ``irecv``; these
+    backends break a clause in their ``irecv``, so they use the base class's ``recv``, which
+    waits on ``irecv``.
+    """
+
+    recv = Backend.recv
+
+
+class Deaf(Relayed):
     """Never reports a dead peer: receives from it stay pending until the group timeout."""
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
@@ -55,7 +66,7 @@ class Deaf(TcpBackend):
         """Fail nothing."""
 
 
-class Clingy(TcpBackend):
+class Clingy(Relayed):
     """close() leaves posted receives pending (their failure is lost)."""
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
@@ -63,14 +74,14 @@ class Clingy(TcpBackend):
                      on_failure=_swallow)
 
 
-class Patient(TcpBackend):
+class Patient(Relayed):
     """Returns receive Works without a default timeout: waiting for one never times out."""
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
         return relay(super().irecv(array, src, tag), default_timeout=None, on_failure=_forward)
 
 
-class Lenient(TcpBackend):
+class Lenient(Relayed):
     """Completes a receive whose message had the wrong size as if it had worked."""
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
