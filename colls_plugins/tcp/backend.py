@@ -36,6 +36,7 @@ from colls_plugins.tcp.engine import Engine
 from colls_plugins.tcp.shm import ShmGroup
 from colls_plugins.tcp.shm_level import ShmLevel
 from colls_plugins.tcp.shm_p2p import Channels
+from colls_plugins.tcp.shm_setup import derived_hosts
 from colls_plugins.tcp.shm_setup import setup as setup_shm
 
 if TYPE_CHECKING:
@@ -81,13 +82,17 @@ class TcpBackend(Backend):
         super().__init__(store, rank, world_size, options)
         self._arena = ScratchArena()
         self._poll = every_rank_has_a_core(world_size)
+        derived = derived_hosts(options.group_name, world_size, options.global_ranks, store)
         mesh = Mesh(store, rank, world_size, options) if world_size > 1 else None
         self._engine = Engine(rank, {}, options.timeout, options.group_name, mesh=mesh)
         try:
-            self._engine.join()  # the ring neighbours; every other peer connects when needed
+            # The ring neighbours, so that someone sees a member die, unless this is a subgroup
+            # of a live tcp world: the world's ring sees it, and its record breaks this group.
+            # Every other peer connects when first needed.
+            self._engine.join(ring=derived is None)
             found = setup_shm(
                 store, rank, world_size, options.timeout, self._engine.peer_error,
-                options.group_name, options.global_ranks,
+                options.group_name, options.global_ranks, derived,
             )
         except BaseException:
             self._engine.close()

@@ -510,7 +510,7 @@ class Engine:
             else:
                 op.work.set_result(value)
 
-    def join(self) -> None:
+    def join(self, *, ring: bool = True) -> None:
         """Publish this rank's address and connect to its two ring neighbours (blocking).
 
         Every other connection opens when first needed. The ring is opened at once because a
@@ -518,7 +518,9 @@ class Engine:
         break the group (colls.health), which every other rank then learns from the store. It
         also makes group creation fail, naming the rank, when a neighbour never comes. Rank
         ``r`` dials ``r - 1`` and waits for ``r + 1`` (modulo the size); of two ranks, rank 1
-        dials and rank 0 waits, so each pair is opened from one side.
+        dials and rank 0 waits, so each pair is opened from one side. ``ring=False`` (every
+        member of the group alike) only publishes: a subgroup of a tcp world, whose ring
+        already watches every rank.
 
         Raises:
             CollsTimeoutError: a neighbour did not publish, connect or answer within the group
@@ -529,6 +531,8 @@ class Engine:
             return
         deadline = time.monotonic() + self._timeout
         self._mesh.publish()
+        if not ring:
+            return
         n = self._world_size
         if self.rank > 0 or n > 2:
             self._links.connect((self.rank - 1) % n, deadline)

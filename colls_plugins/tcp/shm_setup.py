@@ -158,6 +158,23 @@ class HostSetup:
     keeps_world_hosts: bool = False
 
 
+def _is_world(group: str, world_size: int, global_ranks: Sequence[int]) -> bool:
+    return group == WORLD_GROUP_NAME and tuple(global_ranks) == tuple(range(world_size))
+
+
+def derived_hosts(group: str, world_size: int, global_ranks: Sequence[int], store: Store
+                  ) -> HostMap | None:
+    """Return the host map of a subgroup of a live tcp world, derived from the world's.
+
+    None for the world group itself, a group of one, or a group whose world keeps no map
+    (:mod:`._world_hosts`): those exchange theirs in :func:`setup`. Every member of a group
+    gets the same answer, so they all take the same path.
+    """
+    if world_size < 2 or _is_world(group, world_size, global_ranks):
+        return None
+    return _world_hosts.derive(store, global_ranks)
+
+
 def setup(
     store: Store,
     rank: int,
@@ -166,27 +183,27 @@ def setup(
     peer_error: Callable[[int], BaseException | None],
     group: str,
     global_ranks: Sequence[int] = (),
+    hosts: HostMap | None = None,
 ) -> HostSetup:
     """Agree on the group's host map and build shared memory among this host's ranks.
 
     Every rank calls this at backend creation (even with ``COLLS_SHM=0``, so that its host
     peers learn it). Every rank gets the same host map; the ranks of one host get the same
     answer about shared memory (a :class:`ShmGroup` over the host's ranks, numbered ``0..L-1``
-    in group-rank order, or None). ``global_ranks`` (the group's world ranks) lets a subgroup
-    of a tcp world derive its host map instead of exchanging it (:mod:`._world_hosts`).
+    in group-rank order, or None). ``hosts``: the map :func:`derived_hosts` gave a subgroup of
+    a tcp world; None exchanges it (the world group keeps its map for its subgroups).
 
     Raises:
         CollsTimeoutError: some ranks did not take part within ``timeout``.
     """
-    world = group == WORLD_GROUP_NAME and tuple(global_ranks) == tuple(range(world_size))
     if world_size < 2:
         return HostSetup(HostMap.single(world_size), None)
     deadline = time.monotonic() + timeout
-    hosts = None if world else _world_hosts.derive(store, global_ranks)
     keeps = False
     if hosts is None:
         hosts = exchange_hosts(store, rank, world_size, deadline, group)
-        keeps = world and _world_hosts.remember(store, hosts)
+        keeps = (_is_world(group, world_size, global_ranks)
+                 and _world_hosts.remember(store, hosts))
     local = hosts.hosts[hosts.host_of(rank)]
     if len(local) < 2:
         return HostSetup(hosts, None, keeps)
