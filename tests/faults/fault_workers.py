@@ -102,6 +102,27 @@ def store_spreads_failure(rank: int, world_size: int) -> dict[str, Any]:
     return _outcome(lambda: colls.all_reduce(data, group=group))
 
 
+def subgroup_member_dies(rank: int, world_size: int, shm: str) -> dict[str, Any]:
+    """Rank 2 dies while rank 0 waits for it in the subgroup {0, 2}.
+
+    Ranks 0 and 2 are not ring neighbours in the world of 4, and a subgroup of a tcp world
+    opens no connection of its own: only the world's record of the death can stop rank 0.
+    """
+    sub = colls.new_group([0, 2])
+    connected = sub.backend._engine.connected_ranks() if rank in (0, 2) else []
+    colls.barrier()
+    if rank == 2:
+        time.sleep(VICTIM_DELAY_S)
+        _die("kill")
+    if rank != 0:  # ranks 1 and 3, rank 2's world ring neighbours, stay until they see it die
+        return {"connected": connected,
+                "op": _outcome(lambda: colls.recv(np.zeros(1), src=0))}
+    data = np.ones(LARGE if shm == "0" else SMALL, dtype=np.float32)
+    return {"connected": connected,
+            "op": _outcome(lambda: colls.all_reduce(data, group=sub)),
+            "next": _outcome(lambda: colls.all_reduce(data, group=sub))}
+
+
 def store_host_dies(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 0 (the store host) dies; ranks 1-3 are in a subgroup collective without it."""
     sub = colls.new_group([1, 2, 3])

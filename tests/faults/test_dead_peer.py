@@ -19,6 +19,7 @@ from fault_workers import (
     die_during,
     store_host_dies,
     store_spreads_failure,
+    subgroup_member_dies,
 )
 
 #: The issue's bound: every other rank raises within this many seconds of the death.
@@ -109,3 +110,16 @@ def test_losing_the_store_host_breaks_groups_without_it():
         assert "lost the connection to TCPStore" in got["message"], got
         assert "world rank 0" in got["message"], got
         assert got["elapsed"] < VICTIM_DELAY_S + FAIL_FAST_S, got
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_a_subgroup_without_connections_of_its_own_fails_fast_when_a_member_dies(shm):
+    results = run_faulty(subgroup_member_dies, 4, victims=(2,), args=(shm,),
+                         env={"COLLS_SHM": shm})
+    assert all(got["connected"] == [] for got in results.values()), results  # none at creation
+    got = results[0]
+    assert got["op"]["type"] in BROKEN, got
+    assert "rank 2" in got["op"]["message"], got
+    assert got["op"]["elapsed"] < VICTIM_DELAY_S + FAIL_FAST_S, got
+    assert got["next"]["type"] == "BackendError" and got["next"]["elapsed"] < AT_ONCE_S, got
