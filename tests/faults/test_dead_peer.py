@@ -113,10 +113,10 @@ def test_losing_the_store_host_breaks_groups_without_it():
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("shm", ["1", "0"])
-def test_a_subgroup_without_connections_of_its_own_fails_fast_when_a_member_dies(shm):
-    results = run_faulty(subgroup_member_dies, 4, victims=(2,), args=(shm,),
-                         env={"COLLS_SHM": shm})
+def test_a_subgroup_without_connections_of_its_own_fails_fast_when_a_member_dies():
+    # Shared memory: the subgroup's all_reduce dials nobody, so only the record can stop it.
+    results = run_faulty(subgroup_member_dies, 4, victims=(2,), args=("1",),
+                         env={"COLLS_SHM": "1"})
     assert all(got["connected"] == [] for got in results.values()), results  # none at creation
     got = results[0]
     assert got["op"]["type"] in BROKEN, got
