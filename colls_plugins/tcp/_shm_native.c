@@ -538,19 +538,28 @@ static Py_ssize_t ring_peer(SyncObject *self, PyObject *const *args, Py_ssize_t 
     return peer;
 }
 
+/* The arguments of ring_put and ring_take: (peer, buffer, tag, count); the buffer is args[1].
+ * Returns the peer, or -1 with an exception set. */
+static Py_ssize_t ring_call(SyncObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            const char *name, long long *tag, long long *count) {
+    Py_ssize_t peer = ring_peer(self, args, nargs, 4, name);
+    if (peer < 0) {
+        return -1;
+    }
+    *tag = PyLong_AsLongLong(args[2]);
+    *count = PyLong_AsLongLong(args[3]);
+    return PyErr_Occurred() ? -1 : peer;
+}
+
 PyDoc_STRVAR(ring_put_doc, "ring_put(peer, payload, tag, sockets_before) -> int\n\n"
              "Write one entry into this rank's ring to host rank ``peer`` and publish it:\n"
              "0 if it does not fit (too large, or the ring is full: the caller uses the socket),\n"
              "1 written, 2 written and a thread of the peer sleeps (the caller wakes it).");
 
 static PyObject *Sync_ring_put(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t peer = ring_peer(self, args, nargs, 4, "ring_put");
+    long long tag, before;
+    Py_ssize_t peer = ring_call(self, args, nargs, "ring_put", &tag, &before);
     if (peer < 0) {
-        return NULL;
-    }
-    long long tag = PyLong_AsLongLong(args[2]);
-    long long before = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred()) {
         return NULL;
     }
     Py_buffer src;
@@ -641,13 +650,9 @@ PyDoc_STRVAR(ring_take_doc, "ring_take(peer, buffer, tag, max_before) -> int\n\n
              "next entry is another (left in place).");
 
 static PyObject *Sync_ring_take(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t peer = ring_peer(self, args, nargs, 4, "ring_take");
+    long long tag, max_before;
+    Py_ssize_t peer = ring_call(self, args, nargs, "ring_take", &tag, &max_before);
     if (peer < 0) {
-        return NULL;
-    }
-    long long tag = PyLong_AsLongLong(args[2]);
-    long long max_before = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred()) {
         return NULL;
     }
     int64_t *mine = pair_ctrl(self, self->rank, peer); /* [1]: what I consumed of it */

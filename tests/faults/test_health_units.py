@@ -244,70 +244,61 @@ def test_a_dead_peer_breaks_every_group_that_contains_it():
         master.close()
 
 
+@pytest.fixture
+def record_held(monkeypatch):
+    """Rank 0 of a group on two stores fails a collective and records why; rank 1's watcher
+    has read the record but holds it, unapplied, until the test ends. Yields (rank 0, rank 1).
+
+    That is the window in which a peer has left over a recorded failure and this rank has not
+    learnt it from its watcher yet.
+    """
+    from colls import health as health_module
+
+    holds, release = threading.Event(), threading.Event()
+    apply_record = health_module._Watcher._apply
+
+    def slow_apply(self, record):
+        if threading.current_thread().name == "colls-health":
+            holds.set()
+            release.wait(WAIT)
+        apply_record(self, record)
+
+    monkeypatch.setattr(health_module._Watcher, "_apply", slow_apply)
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
+    client = TCPStore("127.0.0.1", master.port, timeout=30)
+    try:
+        here, there = fake_group(master, rank=0), fake_group(client, rank=1)
+        here.health.job_failed("broadcast #0", ValueError("rank 0 runs a different collective"))
+        assert holds.wait(WAIT)
+        yield here, there
+    finally:
+        release.set()
+        client.close()
+        master.close()
+
+
 @pytest.mark.timeout(60)
-def test_a_lost_connection_finds_the_record_the_watcher_holds_but_has_not_applied(monkeypatch):
+def test_a_lost_connection_finds_the_record_the_watcher_holds_but_has_not_applied(record_held):
     """The race CI once lost: a peer records why it fails, then closes its connections; this
     rank's watcher has read the record but not applied it when the collective sees the close.
     The collective's catch-up must still find the record and raise the peer's reason."""
-    from colls import health as health_module
-
-    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
-    client = TCPStore("127.0.0.1", master.port, timeout=30)
-    watcher_holds_it, release = threading.Event(), threading.Event()
-    apply_record = health_module._Watcher._apply
-
-    def slow_apply(self, record):
-        if threading.current_thread().name == "colls-health":
-            watcher_holds_it.set()
-            release.wait(WAIT)
-        apply_record(self, record)
-
-    monkeypatch.setattr(health_module._Watcher, "_apply", slow_apply)
-    try:
-        here, there = fake_group(master, rank=0), fake_group(client, rank=1)
-        here.health.job_failed("broadcast #0", ValueError("rank 0 runs a different collective"))
-        assert watcher_holds_it.wait(WAIT)
-        raised = there.health.job_failed(
-            "all_reduce #0", NetworkError("tcp: connection to rank 0 lost: peer closed"))
-        assert isinstance(raised, BackendError)
-        assert "rank 0 reported" in str(raised) and "different collective" in str(raised)
-    finally:
-        release.set()
-        client.close()
-        master.close()
+    _, there = record_held
+    raised = there.health.job_failed(
+        "all_reduce #0", NetworkError("tcp: connection to rank 0 lost: peer closed"))
+    assert isinstance(raised, BackendError)
+    assert "rank 0 reported" in str(raised) and "different collective" in str(raised)
 
 
 @pytest.mark.timeout(60)
-def test_a_peer_that_left_over_a_recorded_failure_is_not_blamed_for_dying(monkeypatch):
+def test_a_peer_that_left_over_a_recorded_failure_is_not_blamed_for_dying(record_held):
     """A rank that breaks closes its connections; a peer that sees one close (or a lazy
     connect reset) before its watcher applied the record must raise the record's reason, not
     "rank 0 died"."""
-    from colls import health as health_module
-
-    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
-    client = TCPStore("127.0.0.1", master.port, timeout=30)
-    watcher_holds_it, release = threading.Event(), threading.Event()
-    apply_record = health_module._Watcher._apply
-
-    def slow_apply(self, record):
-        if threading.current_thread().name == "colls-health":
-            watcher_holds_it.set()
-            release.wait(WAIT)
-        apply_record(self, record)
-
-    monkeypatch.setattr(health_module._Watcher, "_apply", slow_apply)
-    try:
-        here, there = fake_group(master, rank=0), fake_group(client, rank=1)
-        here.health.job_failed("broadcast #0", ValueError("rank 0 runs a different collective"))
-        assert watcher_holds_it.wait(WAIT)
-        there.backend.listener(0, NetworkError("tcp: rank 1 cannot reach rank 0: reset"))
-        message = str(there.health.error)
-        assert "rank 0 reported" in message and "different collective" in message, message
-        assert "died" not in message, message
-    finally:
-        release.set()
-        client.close()
-        master.close()
+    _, there = record_held
+    there.backend.listener(0, NetworkError("tcp: rank 1 cannot reach rank 0: reset"))
+    message = str(there.health.error)
+    assert "rank 0 reported" in message and "different collective" in message, message
+    assert "died" not in message, message
 
 
 @pytest.mark.timeout(60)
