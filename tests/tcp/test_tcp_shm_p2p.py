@@ -26,13 +26,10 @@ from colls_plugins.tcp.engine import MAX_UNEXPECTED_BYTES
 from colls_plugins.tcp.shm import P2P_RING_BYTES
 from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, entry_bytes
 
-pytestmark = [
-    pytest.mark.skipif(
-        shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-        reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
-    ),
-    pytest.mark.usefixtures("shm_path"),  # every test on the compiled ring steps and on Python's
-]
+pytestmark = pytest.mark.skipif(
+    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
+    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
+)
 
 
 def _channel(backend: TcpBackend, peer: int):  # noqa: ANN202 - the engine's Channel
@@ -69,8 +66,12 @@ def _fill_unexpected(backend: TcpBackend, nbytes: int) -> None:
 
 
 @pytest.fixture
-def hosts(monkeypatch: pytest.MonkeyPatch):
-    """Return ``make(layout)``: a group whose rank r (thread ``rank<r>``) is on host layout[r]."""
+def hosts(monkeypatch: pytest.MonkeyPatch, shm_path: bool):
+    """Return ``make(layout)``: a group whose rank r (thread ``rank<r>``) is on host layout[r].
+
+    Every test that uses it runs on the compiled ring steps and on the Python ones
+    (``shm_path``); the tests of whole processes run on the default (compiled) path.
+    """
     made: list[TcpBackend] = []
 
     def make(layout: list[int]) -> list[TcpBackend]:
