@@ -360,12 +360,20 @@ def test_blocking_sends_and_receives_stream_through_ring_wraps_and_the_socket(ho
 
 
 @pytest.mark.timeout(60)
-def test_an_irecv_of_a_message_already_next_returns_a_completed_work(hosts):
+def test_an_irecv_of_a_message_already_next_returns_a_completed_work(hosts, monkeypatch):
+    from colls_plugins.tcp import engine
+
     a, b = hosts([0, 0])
     a.send(np.array([3, 4], np.int64), 1, 8)
     a.send(np.array([5, 6], np.int64), 1, 9)
     later = np.zeros(2, np.int64)
     other_tag = b.irecv(later, 0, 9)  # not next: the tag-8 message stands first in the ring
+
+    def no_receive_op(*args: Any) -> None:
+        raise AssertionError("the irecv made a receive (RecvOp) for a message already next")
+
+    # the general path would also finish at once (the message is queued) but through a RecvOp
+    monkeypatch.setattr(engine, "RecvOp", no_receive_op)
     first = np.zeros(2, np.int64)
     work = b.irecv(first, 0, 8)  # next now (the tag-9 receive queued the ring's entries)
     assert work.is_completed() and work.result() == 0 and first.tolist() == [3, 4]
