@@ -397,8 +397,8 @@ class Engine:
         src = channel.rank
         table = self._table
         with self._lock:
-            if self._closed or self._broken is not None or self._held or table.expects(src, tag):
-                return False  # (what _refusal() says, without the call)
+            if self._refusal() is not None or self._held or table.expects(src, tag):
+                return False
             message = table.first_unexpected(src, tag)
             if message is None:
                 return channel.take(array, tag, self._arrivals.get(src, 0))
