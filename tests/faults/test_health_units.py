@@ -215,6 +215,8 @@ def test_a_failure_recorded_by_one_process_breaks_the_group_elsewhere():
         assert _until(lambda: there.health.error is not None)
         message = str(there.health.error)
         assert "rank 0 reported" in message and "all_reduce #3" in message
+        # the error is visible before the abort that follows it: wait for that too
+        assert _until(lambda: there.backend.aborted is not None)
         assert isinstance(there.backend.aborted, BackendError)
         with pytest.raises(BackendError, match="all_reduce: colls: group 'g' is broken"):
             there.health.check("all_reduce")
