@@ -117,6 +117,7 @@ class TCPStore(Store):
         self._idle: list[socket.socket] = []
         self._sockets: set[socket.socket] = set()
         self._server: StoreServer | None = None
+        self._reached = False  # a connection has been made: the server was up
         start = time.monotonic()
         try:
             if is_master:
@@ -179,8 +180,10 @@ class TCPStore(Store):
         """Connect to the server, retrying until the store timeout has passed since ``start``.
 
         A connection lost during the handshake is retried too: a server under a flood of
-        unauthenticated connections drops the oldest of them, which may be this one. ``ping``
-        as in :meth:`_authenticate`.
+        unauthenticated connections drops the oldest of them, which may be this one. A refused
+        connection is retried only until the server has been reached once: refused after that,
+        the server has gone (with the process that hosted it), and waiting would only hold this
+        rank for the store timeout. ``ping`` as in :meth:`_authenticate`.
         """
         limit = to_seconds(self._timeout)
         delay = CONNECT_RETRY_INITIAL_S
@@ -193,9 +196,18 @@ class TCPStore(Store):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 enable_keepalive(sock)
                 self._authenticate(sock, ping=ping)
+                self._reached = True
                 return sock
-            except OSError as exc:
+            except ConnectionRefusedError as exc:
+                if self._reached:
+                    raise NetworkError(
+                        f"{self.description}: the server refused a new connection after "
+                        f"serving this client: it has exited (with the process that hosted "
+                        f"it, usually rank 0): {exc}"
+                    ) from exc
                 error: Exception = exc
+            except OSError as exc:
+                error = exc
             except NetworkError as exc:
                 if not isinstance(exc.__cause__, ConnectionError):
                     raise  # an answer that is not the protocol, or none in time: no drop

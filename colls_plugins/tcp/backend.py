@@ -23,6 +23,7 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from colls import env
 from colls.algorithms import hierarchical, select
 from colls.algorithms.hosts import HostMap
 from colls.backend import Backend, every_rank_has_a_core
@@ -44,6 +45,13 @@ if TYPE_CHECKING:
     from colls.reduce_ops import ReduceSpec
     from colls.store.base import Store
     from colls.work import Work
+
+
+#: The variables the setup below reads. They are parsed before the first store request, so that
+#: a bad value fails every rank alike. Parsed later, it could fail rank 0 first, and rank 0
+#: hosts the store: its exit would leave the others with a lost connection, not the reason.
+SETUP_SETTINGS = ("COLLS_TCP_HOST", "COLLS_HANDSHAKE_TIMEOUT", "COLLS_MAX_MESSAGE_BYTES",
+                  "COLLS_NATIVE", "COLLS_HOST_ID", "COLLS_SHM", "COLLS_SEGMENT_BYTES")
 
 
 def _check_count(name: str, value: object, low: int, high: int, op: str) -> int:
@@ -79,6 +87,8 @@ class TcpBackend(Backend):
     ) -> None:
         world_size = _check_count("world_size", world_size, 1, 1 << 31, "backend")
         rank = _check_count("rank", rank, 0, world_size, "backend")
+        for name in SETUP_SETTINGS:
+            env.get(name)  # a bad value raises here, naming the variable
         super().__init__(store, rank, world_size, options)
         self._arena = ScratchArena()
         self._poll = every_rank_has_a_core(world_size)

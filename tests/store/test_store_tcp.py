@@ -300,6 +300,25 @@ def test_close_stops_server_and_clients_get_network_error() -> None:
         master.set("k", b"v")
 
 
+def test_a_client_whose_server_has_gone_fails_at_once_not_at_the_timeout() -> None:
+    """Refused after it was reached, the server has exited: a new connection is not retried.
+
+    The first request fails on its pooled connection; the second needs a new one. Retried,
+    it would hold the caller for the store timeout (a rank whose store host died, waiting).
+    """
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=TEST_TIMEOUT_S)
+    client = TCPStore("127.0.0.1", master.port, timeout=60.0)
+    master.close()
+    for _ in range(2):
+        start = time.monotonic()
+        with pytest.raises(NetworkError, match=rf"127\.0\.0\.1:{master.port}"):
+            client.get("anything")
+        assert time.monotonic() - start < 5.0
+    with pytest.raises(NetworkError, match="refused a new connection after serving this client"):
+        client.set("k", b"v")
+    client.close()
+
+
 def test_ipv6_loopback() -> None:
     if not socket.has_ipv6:
         pytest.skip("no IPv6")
