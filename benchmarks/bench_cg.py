@@ -7,9 +7,10 @@
 
 Every face runs ``cg`` of ``examples/cg_poisson.py`` unchanged (one halo exchange of a grid row
 with each neighbour and two all_reduces of one float64 per iteration); only ``halo_exchange`` and
-``allsum`` differ: colls' ``CollsComm`` (batch_isend_irecv, all_reduce), mpi4py's
-Isend/Irecv/Allreduce on NumPy buffers, torch.distributed's batch_isend_irecv/all_reduce on
-``torch.from_numpy`` views.
+``allsum`` differ, each the same pattern in its library's calls: start a send to each neighbour,
+receive from each (blocking), wait for the sends; then an all_reduce in place. colls'
+``CollsComm`` (isend, recv, all_reduce), mpi4py's Isend/Recv/Allreduce on NumPy buffers,
+torch.distributed's isend/recv/all_reduce on ``torch.from_numpy`` views.
 
 Method: one launch per (face, N) runs every grid (colls under colls-run, MPICH under mpiexec,
 Gloo as plain processes with a tcp:// rendezvous: ``bench_vs_peers``' launchers, one thread for
@@ -67,9 +68,10 @@ class MpiFace(peers.Mpi):
         self.value = np.zeros(1)
 
     def halo_exchange(self, p: np.ndarray) -> None:
-        requests = [self.c.Irecv(p[recv], source=peer) for peer, _, recv in self.neighbours]
-        requests += [self.c.Isend(p[send], dest=peer) for peer, send, _ in self.neighbours]
-        self.M.Request.Waitall(requests)
+        sends = [self.c.Isend(p[send], dest=peer) for peer, send, _ in self.neighbours]
+        for peer, _, recv in self.neighbours:
+            self.c.Recv(p[recv], source=peer)
+        self.M.Request.Waitall(sends)
 
     def allsum(self, value: float) -> float:
         self.value[0] = value
@@ -87,9 +89,10 @@ class GlooFace(peers.Gloo):
 
     def halo_exchange(self, p: np.ndarray) -> None:
         d, view = self.d, self.t.from_numpy
-        ops = [d.P2POp(d.irecv, view(p[recv]), peer) for peer, _, recv in self.neighbours]
-        ops += [d.P2POp(d.isend, view(p[send]), peer) for peer, send, _ in self.neighbours]
-        for work in self.d.batch_isend_irecv(ops):
+        sends = [d.isend(view(p[send]), peer) for peer, send, _ in self.neighbours]
+        for peer, _, recv in self.neighbours:
+            d.recv(view(p[recv]), peer)
+        for work in sends:
             work.wait()
 
     def allsum(self, value: float) -> float:

@@ -104,10 +104,11 @@ class CollsComm:
         self.value = np.zeros(1)
 
     def halo_exchange(self, p: np.ndarray) -> None:
-        # Receives first, so that a row can land straight in its place when it arrives.
-        ops = [colls.P2POp(colls.irecv, p[recv], peer) for peer, _, recv in self.neighbours]
-        ops += [colls.P2POp(colls.isend, p[send], peer) for peer, send, _ in self.neighbours]
-        for work in colls.batch_isend_irecv(ops):
+        # Every send starts before any receive waits, so no rank waits for one that waits too.
+        sends = [colls.isend(p[send], peer) for peer, send, _ in self.neighbours]
+        for peer, _, recv in self.neighbours:
+            colls.recv(p[recv], peer)
+        for work in sends:
             work.wait()
 
     def allsum(self, value: float) -> float:
