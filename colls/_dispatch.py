@@ -339,6 +339,11 @@ def _caller_stream() -> Any:
     return cupy.cuda.get_current_stream()
 
 
+def _tag_only(job: Callable[[int], Any], _unused: None, tag: int) -> Any:
+    """Call a general-path job, which takes its tag alone, as GroupHealth.run calls a job."""
+    return job(tag)
+
+
 def submit(
     pg: ProcessGroup, op: str, job: Callable[[int], Any], *, async_op: bool,
     timeout: float | None = None,
@@ -368,7 +373,7 @@ def submit(
     stream = _caller_stream()
 
     if check_seq is None and stream is None:  # the usual case: the job itself, no wrapper
-        return pg.run(functools.partial(health.run, op, seq, job, tag), op=op,
+        return pg.run(functools.partial(health.run, op, seq, _tag_only, job, None, tag), op=op,
                       async_op=async_op, timeout=timeout)
 
     fence = None
@@ -390,7 +395,7 @@ def submit(
             return result
 
     def run() -> Any:
-        return health.run(op, seq, checked_job, tag)
+        return health.run(op, seq, _tag_only, checked_job, None, tag)
 
     work = pg.run(run, op=op, async_op=async_op, timeout=timeout)
     if fence is not None and work is not None:

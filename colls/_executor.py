@@ -4,18 +4,33 @@ Every rank issues a group's collectives in the same order, and the backend contr
 collectives run one at a time in that order. A synchronous call with nothing queued runs inline
 on the caller's thread (no thread hand-off on the latency path); anything else is queued to the
 group's daemon thread, which is what makes ``async_op=True`` progress while the caller computes.
+
+Who may run a job is decided by one token, present while the group is idle (no job runs or
+waits). An inline call takes it, runs its job and puts it back; the first job queued takes it
+for the queue (waiting for an inline job in progress), and the worker puts it back when the
+queue is empty. So an inline call never overtakes a queued job, and no two jobs ever run at
+once. The token is a key of a dict: ``dict.pop`` takes it atomically (under the GIL, and under
+free-threaded CPython's per-object locks), through a bound C call that costs the latency path
+no frame; a ``threading.Lock`` cost more per call than the whole rest of the fast path's checks.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from colls.work import Work
 
 _STOP = object()
+_TOKEN: Final = "idle"
+#: First and longest pause of a submitter waiting for an inline job to give the token back
+#: (seconds). Only a job queued from one thread while another runs one inline waits at all.
+_TOKEN_WAIT_FIRST_S: Final = 20e-6
+_TOKEN_WAIT_MAX_S: Final = 1e-3
 
 
 class SerialExecutor:
@@ -24,30 +39,35 @@ class SerialExecutor:
     def __init__(self, name: str) -> None:
         self._name = name
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._running = threading.Lock()  # held by whoever executes a job
-        self._state = threading.Lock()  # guards _pending and _thread
+        self._idle = {_TOKEN: True}
+        #: ``claim_inline()``: take the token if the group is idle (True), else None. The caller
+        #: then runs one job on its own thread and calls ``release_inline()`` (in a ``finally``).
+        self.claim_inline: Callable[[], bool | None] = functools.partial(
+            self._idle.pop, _TOKEN, None)
+        #: ``release_inline()``: put the token back.
+        self.release_inline: Callable[[], None] = functools.partial(
+            self._idle.__setitem__, _TOKEN, True)
+        self._state = threading.Lock()  # guards _pending, _thread and the queue's token
         self._pending = 0
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def try_run_inline(self, job: Callable[..., Any], *args: Any) -> bool:
-        """Run ``job(*args)`` on this thread if nothing is queued; return False (not run) otherwise.
+        """Run ``job(*args)`` on this thread if the group is idle; return False (not run) otherwise.
 
-        The synchronous fast path: no Work or Future is made, and the job's exception
-        propagates to the caller unchanged. One non-blocking lock acquisition decides: holding
-        ``_running`` with nothing pending, no earlier job can be waiting or running, and a job
-        submitted meanwhile waits for ``_running`` in the worker thread, so order holds.
+        The synchronous path: no Work or Future is made, and the job's exception propagates to
+        the caller unchanged.
+
+        Raises:
+            RuntimeError: the group has been destroyed.
         """
-        if not self._running.acquire(False):  # positional: a keyword costs more per call
+        if not self.claim_inline():
             return False
         try:
-            if self._pending:  # queued jobs come first (the worker has not taken them yet)
-                return False
-            if self._closed:
-                self._check_open()
+            self._check_open()
             job(*args)
         finally:
-            self._running.release()
+            self.release_inline()
         return True
 
     def submit(self, job: Callable[[], Any], work: Work) -> None:
@@ -55,7 +75,16 @@ class SerialExecutor:
         with self._state:
             self._check_open()
             self._pending += 1
+            if self._pending == 1:
+                self._take_for_queue()
         self._enqueue(job, work)
+
+    def _take_for_queue(self) -> None:
+        """Take the token for the queue, waiting while an inline job holds it (``_state`` held)."""
+        pause = _TOKEN_WAIT_FIRST_S
+        while not self.claim_inline():
+            time.sleep(pause)
+            pause = min(pause * 2, _TOKEN_WAIT_MAX_S)
 
     def close(self) -> None:
         """Stop the worker thread after the queued jobs (does not wait for it)."""
@@ -85,10 +114,11 @@ class SerialExecutor:
             if item is _STOP:
                 return
             job, work = item
-            with self._running:
-                _execute(job, work)
+            _execute(job, work)
             with self._state:
                 self._pending -= 1
+                if self._pending == 0:
+                    self.release_inline()  # the queue is empty: the group is idle again
 
 
 def _execute(job: Callable[[], Any], work: Work) -> None:

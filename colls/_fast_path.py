@@ -23,6 +23,7 @@ import numpy as np
 
 from colls import dtypes, fingerprint
 from colls._dispatch import MAX_USER_TAG
+from colls.fingerprint import SEQUENCE_MASK, SIGNATURE_BITS
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
 from colls.registry import REGISTRY
@@ -32,25 +33,32 @@ MAX_PLANS = 1024
 
 
 class _Plan:
-    """What one kind of call runs: ``job(array, arg, tag)`` (``job(tag)`` for a barrier)."""
+    """What one kind of call runs: ``job(first, second, tag)`` (see :func:`_run`)."""
 
-    __slots__ = ("signature", "job", "arg", "flat")
+    __slots__ = ("first_tag", "job", "arg", "flat")
 
     def __init__(self, signature: int, job: Callable[..., None], arg: Any, flat: bool) -> None:
-        self.signature = signature  #: the tag's signature (colls.fingerprint)
+        #: The tag of collective number 0 of this kind; :func:`_run` derives number ``seq``'s
+        #: from it as :func:`colls.fingerprint.collective_tag` says (inline: no frame).
+        self.first_tag = fingerprint.collective_tag(0, signature)
         self.job = job  #: the backend's bound method, or a wrapper adding the op's finish
         self.arg = arg  #: the ReduceSpec of an all_reduce, the root of a broadcast
-        self.flat = flat  #: whether the caller's array is 1-D already (no reshape needed)
+        self.flat = flat  #: whether the caller's arrays are 1-D already (no reshape needed)
 
 
 class _GroupPlans:
     """A group's plans: all_reduce per op value, dtype and shape; broadcast per root, dtype and
-    shape; its barrier."""
+    shape; its barrier. A group whose collectives take the general path (not ``usable``) gets
+    none, so the fast path decides that once, not per call."""
 
-    __slots__ = ("p2p", "usable", "all_reduce", "broadcast", "barrier", "count")
+    __slots__ = ("p2p", "usable", "all_reduce", "broadcast", "all_gather", "barrier", "count",
+                 "claim", "release", "next_sequence", "run")
 
     def __init__(self, pg: ProcessGroup) -> None:
         backend = pg.backend
+        # The group's bound callables :func:`_run` calls, looked up once.
+        self.claim, self.release = pg.claim_inline, pg.release_inline
+        self.next_sequence, self.run = pg.next_sequence, pg.health.run
         # A backend without CPU arrays has NumPy arrays refused by the device check.
         self.p2p = "cpu" in backend.devices
         # COLLS_DEBUG=detail exchanges fingerprints first, and a backend with a check_reduction
@@ -64,18 +72,23 @@ class _GroupPlans:
             {} for _ in RedOpType
         ]
         self.broadcast: dict[int, dict[Any, dict[tuple[int, ...], _Plan]]] = {}
-        record = fingerprint.CallRecord("barrier")
-        self.barrier = _Plan(record.signature(), backend.barrier, None, True)
+        #: all_gather_into_tensor per dtype and (input shape, output shape)
+        self.all_gather: dict[Any, dict[Any, _Plan]] = {}
+        self.barrier: _Plan | None = None
+        if self.usable:
+            barrier = backend.barrier
+            self.barrier = _Plan(fingerprint.CallRecord("barrier").signature(),
+                                 lambda _array, _arg, tag: barrier(tag), None, True)
         self.count = 0
 
-    def keep(self, table: dict[Any, dict[tuple[int, ...], _Plan]], tensor: np.ndarray,
-             plan: _Plan) -> _Plan:
-        """Store ``plan`` for ``tensor``'s dtype and shape in ``table``; return it."""
+    def keep(self, table: dict[Any, dict[Any, _Plan]], dtype: Any, key: Any, plan: _Plan
+             ) -> _Plan:
+        """Store ``plan`` for ``dtype`` and ``key`` (the shapes) in ``table``; return it."""
         if self.count >= MAX_PLANS:
-            for by_dtype in (*self.all_reduce, *self.broadcast.values()):
+            for by_dtype in (*self.all_reduce, *self.broadcast.values(), self.all_gather):
                 by_dtype.clear()
             self.count = 0
-        table.setdefault(tensor.dtype, {})[tensor.shape] = plan
+        table.setdefault(dtype, {})[key] = plan
         self.count += 1
         return plan
 
@@ -85,23 +98,13 @@ def _group_plans(pg: ProcessGroup) -> _GroupPlans:
     return plans
 
 
-def _fast_group() -> tuple[ProcessGroup, _GroupPlans] | None:
-    """Return the default group and its plans if its collectives may take the fast path."""
-    pg = REGISTRY.default
-    if pg is None:
-        return None
-    plans = pg.plans or _group_plans(pg)
-    if not plans.usable or pg.health.error is not None:
-        return None  # a broken group: the general path raises its error
-    return pg, plans
-
-
 def _all_reduce_plan(
     pg: ProcessGroup, plans: _GroupPlans, tensor: np.ndarray, op: RedOpType
 ) -> _Plan | None:
-    """Work out the plan of an all_reduce the general path accepts, or None if it refuses."""
+    """Work out the plan of an all_reduce the general path accepts, or None if it refuses (or
+    the group's calls take the general path)."""
     dtype = dtypes.known_numpy(tensor.dtype)
-    if dtype is None:
+    if dtype is None or not plans.usable:
         return None
     try:
         spec = resolve_op(op, dtype, op_name="all_reduce", rank=REGISTRY.world_rank)
@@ -121,25 +124,64 @@ def _all_reduce_plan(
             spec.finish(array, size)
 
     plan = _Plan(record.signature(), job, spec, tensor.ndim == 1)
-    return plans.keep(plans.all_reduce[op._value_], tensor, plan)
+    return plans.keep(plans.all_reduce[op._value_], tensor.dtype, tensor.shape, plan)
 
 
 def _broadcast_plan(
     pg: ProcessGroup, plans: _GroupPlans, tensor: np.ndarray, root: int
 ) -> _Plan | None:
-    """Work out the plan of a broadcast from ``root``, or None for a dtype colls refuses."""
+    """Work out the plan of a broadcast from ``root``, or None for a dtype colls refuses (or
+    when the group's calls take the general path)."""
     dtype = dtypes.known_numpy(tensor.dtype)
-    if dtype is None:
+    if dtype is None or not plans.usable:
         return None
     record = fingerprint.CallRecord("broadcast", dtype=dtype.name, shape=tensor.shape, root=root)
     plan = _Plan(record.signature(), pg.backend.broadcast, root, tensor.ndim == 1)
-    return plans.keep(plans.broadcast.setdefault(root, {}), tensor, plan)
+    return plans.keep(plans.broadcast.setdefault(root, {}), tensor.dtype, tensor.shape, plan)
 
 
-def _run_plan(pg: ProcessGroup, op: str, plan: _Plan, array: np.ndarray) -> None:
-    seq = pg.next_sequence()
-    pg.health.run(op, seq, plan.job, array, plan.arg,
-                  fingerprint.collective_tag(seq, plan.signature))
+def _memory_owner(array: np.ndarray) -> np.ndarray | None:
+    """Return the array that owns ``array``'s memory (NumPy points a view's ``base`` at it), or
+    None when that is not a NumPy array that allocated it (memory from elsewhere may alias)."""
+    base = array.base
+    owner = array if base is None else base
+    return owner if type(owner) is np.ndarray and owner.flags.owndata else None
+
+
+def _all_gather_plan(
+    pg: ProcessGroup, plans: _GroupPlans, output: np.ndarray, input: np.ndarray
+) -> _Plan | None:
+    """Work out the plan of an all_gather_into_tensor, or None for one the general path refuses
+    (another dtype, a size that is not the group's times the input's) or when the group's calls
+    take the general path."""
+    dtype = dtypes.known_numpy(input.dtype)
+    if (dtype is None or not plans.usable or output.dtype is not input.dtype
+            or output.size != input.size * pg.size):
+        return None
+    record = fingerprint.CallRecord("all_gather_into_tensor", dtype=dtype.name, shape=input.shape)
+    plan = _Plan(record.signature(), pg.backend.all_gather, None,
+                 input.ndim == 1 and output.ndim == 1)
+    return plans.keep(plans.all_gather, input.dtype, (input.shape, output.shape), plan)
+
+
+def _run(plans: _GroupPlans, op: str, plan: _Plan, first: Any, second: Any) -> bool:
+    """Run ``plan.job(first, second, tag)`` now as the group's next collective; False: the group
+    is busy. ``first``, ``second``: the array and the plan's argument (an all_reduce's
+    ReduceSpec, a broadcast's root), an all_gather's output and input.
+
+    The general path's steps in one frame: the executor's order (``claim_inline``), the
+    sequence number and its tag, and the health rules (:meth:`colls.health.GroupHealth.run`),
+    which raise a broken group's error as the general path does (the arguments have passed).
+    """
+    if not plans.claim():
+        return False
+    try:
+        seq = plans.next_sequence()
+        plans.run(op, seq, plan.job, first, second,
+                  plan.first_tag - ((seq & SEQUENCE_MASK) << SIGNATURE_BITS))
+    finally:
+        plans.release()
+    return True
 
 
 def all_reduce(tensor: Any, op: Any) -> bool:
@@ -150,22 +192,19 @@ def all_reduce(tensor: Any, op: Any) -> bool:
     """
     if type(tensor) is not np.ndarray or type(op) is not RedOpType:
         return False
-    fast = _fast_group()
-    if fast is None:
+    pg = REGISTRY.default
+    if pg is None:
         return False
-    pg, plans = fast
+    plans = pg.plans or _group_plans(pg)
     try:
         plan = plans.all_reduce[op._value_][tensor.dtype][tensor.shape]
     except KeyError:
         plan = _all_reduce_plan(pg, plans, tensor, op)
         if plan is None:
             return False
-    flags = tensor.flags
-    if not (flags.c_contiguous and flags.writeable):
+    if not tensor.flags.carray:  # C-contiguous, aligned and writable
         return False  # staged or refused by the general path
-    return pg.try_run_inline(
-        _run_plan, pg, "all_reduce", plan, tensor if plan.flat else tensor.reshape(-1)
-    )
+    return _run(plans, "all_reduce", plan, tensor if plan.flat else tensor.reshape(-1), plan.arg)
 
 
 def broadcast(tensor: Any, src: Any) -> bool:
@@ -176,12 +215,10 @@ def broadcast(tensor: Any, src: Any) -> bool:
     """
     if type(tensor) is not np.ndarray or type(src) is not int:
         return False
-    fast = _fast_group()
-    if fast is None:
+    pg = REGISTRY.default
+    if pg is None or not 0 <= src < pg.size:
         return False
-    pg, plans = fast
-    if not 0 <= src < pg.size:
-        return False
+    plans = pg.plans or _group_plans(pg)
     try:
         plan = plans.broadcast[src][tensor.dtype][tensor.shape]
     except KeyError:
@@ -191,23 +228,47 @@ def broadcast(tensor: Any, src: Any) -> bool:
     flags = tensor.flags
     if not (flags.c_contiguous and (flags.writeable or pg.rank == src)):
         return False  # staged or refused by the general path (only the root may be read-only)
-    return pg.try_run_inline(
-        _run_plan, pg, "broadcast", plan, tensor if plan.flat else tensor.reshape(-1)
-    )
+    return _run(plans, "broadcast", plan, tensor if plan.flat else tensor.reshape(-1), plan.arg)
 
 
 def barrier() -> bool:
     """Run ``barrier()`` on the default group now if nothing is queued; False: not run."""
-    fast = _fast_group()
-    if fast is None:
+    pg = REGISTRY.default
+    if pg is None:
         return False
-    pg, plans = fast
-    return pg.try_run_inline(_run_barrier, pg, plans.barrier)
+    plans = pg.plans or _group_plans(pg)
+    return plans.barrier is not None and _run(plans, "barrier", plans.barrier, None, None)
 
 
-def _run_barrier(pg: ProcessGroup, plan: _Plan) -> None:
-    seq = pg.next_sequence()
-    pg.health.run("barrier", seq, plan.job, fingerprint.collective_tag(seq, plan.signature))
+def all_gather_into_tensor(output: Any, input: Any) -> bool:
+    """Run ``all_gather_into_tensor(output, input)`` on the default group now if it is the
+    common case: NumPy arrays of one dtype, each C-contiguous, the output writable and the
+    group's size times the input's, whose memory belongs to two different arrays (so they
+    cannot overlap: an in-place gather, whose input is a slot of the output, takes the general
+    path, which copies it apart). The caller has checked ``group`` None, synchronous.
+    """
+    if type(output) is not np.ndarray or type(input) is not np.ndarray or output is input:
+        return False
+    pg = REGISTRY.default
+    if pg is None:
+        return False
+    plans = pg.plans or _group_plans(pg)
+    try:
+        plan = plans.all_gather[input.dtype][input.shape, output.shape]
+    except KeyError:
+        plan = _all_gather_plan(pg, plans, output, input)
+        if plan is None:
+            return False
+    in_flags = input.flags
+    if not (output.flags.carray and in_flags.c_contiguous and in_flags.aligned
+            and output.dtype is input.dtype):
+        return False  # staged or refused by the general path
+    owner = _memory_owner(output)
+    if owner is None or owner is _memory_owner(input):
+        return False  # may overlap: the general path compares address ranges
+    if not plan.flat:
+        output, input = output.reshape(-1), input.reshape(-1)
+    return _run(plans, "all_gather_into_tensor", plan, output, input)
 
 
 def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:

@@ -126,6 +126,8 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
                            async_op: bool = False) -> Work | None:
     """Gather ``input_tensor`` of every rank, concatenated, into ``output_tensor``."""
+    if group is None and not async_op and fast.all_gather_into_tensor(output_tensor, input_tensor):
+        return None  # the common case, planned once (colls._fast_path)
     pg = d.resolve_group(group)
     if pg is None:
         return None

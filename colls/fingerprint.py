@@ -50,7 +50,7 @@ _OP_MASK = 0xFF
 #: Bits of the sequence number in a tag (it wraps): tags stay above -2**62, clear of int64's
 #: end where tcp keeps its control-frame tags.
 SEQUENCE_BITS = 62 - SIGNATURE_BITS
-_SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
+SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
 #: Op code of operations not in :data:`OP_CODES` (checked by hash only).
 UNKNOWN_OP_CODE = 0xFF
 
@@ -158,8 +158,13 @@ class CallRecord:
 
 
 def collective_tag(seq: int, signature: int) -> int:
-    """Return the (negative, int64) tag of collective number ``seq`` with ``signature``."""
-    return -1 - (((seq & _SEQUENCE_MASK) << SIGNATURE_BITS)
+    """Return the (negative, int64) tag of collective number ``seq`` with ``signature``.
+
+    The sequence and the signature fill separate bits, so the tag is also
+    ``collective_tag(0, signature) - ((seq & SEQUENCE_MASK) << SIGNATURE_BITS)``: the fast path
+    (:mod:`colls._fast_path`) keeps the first term per kind of call and computes the rest inline.
+    """
+    return -1 - (((seq & SEQUENCE_MASK) << SIGNATURE_BITS)
                  | (signature & ((1 << SIGNATURE_BITS) - 1)))
 
 
@@ -174,7 +179,7 @@ def sequence_after(a: int, b: int) -> bool:
     Numbers wrap modulo 2**SEQUENCE_BITS; ``a`` is after ``b`` when it is less than half the
     range ahead, which holds for any two collectives whose messages can meet.
     """
-    ahead = (a - b) & _SEQUENCE_MASK
+    ahead = (a - b) & SEQUENCE_MASK
     return 0 < ahead < 1 << (SEQUENCE_BITS - 1)
 
 

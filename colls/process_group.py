@@ -71,9 +71,11 @@ class ProcessGroup:
         #: ``next_sequence()``: the number of the next collective (0, 1, ...; the same order on
         #: every rank). A bound ``count.__next__``: called on every collective, it costs no frame.
         self.next_sequence: Callable[[], int] = itertools.count().__next__
-        #: ``try_run_inline(job, *args)``: run a synchronous job now on the caller's thread when
-        #: nothing is queued (False: not run). The fast path of :mod:`colls._dispatch` calls it.
-        self.try_run_inline: Callable[..., bool] = self._executor.try_run_inline
+        #: ``claim_inline()`` / ``release_inline()``: run a synchronous job now on the caller's
+        #: thread when the group is idle (:class:`SerialExecutor`'s token); the fast path
+        #: (:mod:`colls._fast_path`) runs its planned calls between the two.
+        self.claim_inline: Callable[[], bool | None] = self._executor.claim_inline
+        self.release_inline: Callable[[], None] = self._executor.release_inline
         #: What :mod:`colls._dispatch`'s fast path works out once for this group (its plans per
         #: op, dtype and shape); None until its first call.
         self.plans: Any = None

@@ -53,6 +53,11 @@ class MirrorBackend(Backend):
         self.calls.append(("all_reduce", array.shape, op.name, tag))
         op.combine(array, array.copy())
 
+    def all_gather(self, output: Any, input: Any, tag: int) -> None:
+        self.calls.append(("all_gather", output.shape, input.shape, tag))
+        output[: input.size] = input  # this rank's slot; the peer's holds known bytes
+        output[input.size :].view(np.uint8)[:] = RECEIVED_BYTE
+
     def broadcast(self, array: Any, root: int, tag: int) -> None:
         self.calls.append(("broadcast", array.shape, root, tag))
         if root != self.rank:
@@ -224,6 +229,53 @@ def test_recv_into_read_only_array_same_error_on_both_paths(world) -> None:
     assert "is read-only" in fast[1]
 
 
+@pytest.mark.parametrize("shape", [(3,), (2, 3)])
+def test_all_gather_into_tensor_same_result_and_tag_on_both_paths(world, shape) -> None:
+    backend, general = world
+    data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    outputs = [np.zeros((2, *shape), np.float32) for _ in range(3)]
+    colls.all_gather_into_tensor(outputs[0], data)
+    assert general == []  # it took the fast path
+    colls.all_gather_into_tensor(outputs[1], data, group=colls.group.WORLD)
+    colls.all_gather_into_tensor(CtypesDLPackArray(outputs[2]), data)
+    assert len(general) == 2
+    for output in outputs:
+        np.testing.assert_array_equal(output[0], data)
+        assert (output[1].view(np.uint8) == RECEIVED_BYTE).all()
+    size = data.size
+    assert [c[:3] for c in backend.calls] == [("all_gather", (2 * size,), (size,))] * 3
+    assert len({_signature(c[3]) for c in backend.calls}) == 1
+
+
+@pytest.mark.parametrize(
+    ("output", "input", "expected"),
+    [
+        (np.zeros(6, np.float64), np.ones(3, np.float32), "has dtype float64, expected float32"),
+        (np.zeros(5, np.float32), np.ones(3, np.float32), "output_tensor has 5 elements"),
+    ],
+)
+def test_all_gather_into_tensor_same_errors_on_both_paths(world, output, input, expected
+                                                           ) -> None:
+    backend, _general = world
+    fast = _message(lambda: colls.all_gather_into_tensor(output, input))
+    general = _message(
+        lambda: colls.all_gather_into_tensor(output, input, group=colls.group.WORLD))
+    assert fast == general
+    assert expected in fast[1]
+    assert backend.calls == []
+
+
+def test_in_place_all_gather_into_tensor_takes_the_general_path_which_copies_apart(world
+                                                                                   ) -> None:
+    backend, general = world
+    output = np.zeros(6, np.float32)
+    output[:3] = [1, 2, 3]
+    colls.all_gather_into_tensor(output, output[:3])  # the input is this rank's slot
+    assert len(general) == 1
+    np.testing.assert_array_equal(output[:3], [1, 2, 3])
+    assert backend.calls[0][:3] == ("all_gather", (6,), (3,))
+
+
 def test_async_work_queued_first_keeps_call_order(world) -> None:
     backend, _general = world
     first, second = np.ones(2, np.float32), np.ones(2, np.float32)
@@ -234,6 +286,30 @@ def test_async_work_queued_first_keeps_call_order(world) -> None:
     assert sequences == sorted(sequences) and len(sequences) == 2
     np.testing.assert_array_equal(first, [2.0, 2.0])
     np.testing.assert_array_equal(second, [2.0, 2.0])
+
+
+def test_fast_path_tags_are_the_general_tags_across_the_sequence_wrap(world) -> None:
+    """The fast path derives a call's tag from its plan's first tag; it must be
+    fingerprint.collective_tag of the call's number and signature, past the sequence's wrap."""
+    backend, general = world
+    pg = _dispatch.default_group()
+    start = fingerprint.SEQUENCE_MASK - 3
+    pg.next_sequence = iter(range(start, start + 12)).__next__  # before the plans are made
+    pg.plans = None
+    calls = [lambda **g: colls.all_reduce(np.ones(2, np.float32), **g),
+             lambda **g: colls.broadcast(np.ones(3, np.int64), src=1, **g),
+             lambda **g: colls.barrier(**g)]
+    for _ in range(3):
+        for call in calls:
+            call()
+    assert general == []
+    for call in calls:  # the general path's tags give each kind's signature
+        call(group=colls.group.WORLD)
+    tags = [c[-1] for c in backend.calls]
+    signatures = [_signature(tag) for tag in tags[9:]]
+    for seq, tag, kind in zip(range(start, start + 9), tags[:9], [0, 1, 2] * 3, strict=True):
+        assert tag == fingerprint.collective_tag(seq, signatures[kind]), (seq, kind)
+        assert fingerprint.tag_sequence(tag) == seq & fingerprint.SEQUENCE_MASK
 
 
 def test_broken_group_refuses_on_the_fast_path_with_the_general_error(world) -> None:
