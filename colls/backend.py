@@ -139,7 +139,9 @@ class Backend(ABC):
         ``ops`` holds ``("isend", array, dst, tag)`` and ``("irecv", array, src, tag)`` entries,
         already checked by the core. The default posts each with :meth:`isend` / :meth:`irecv`;
         a backend whose point-to-point can deadlock unless a batch is launched as one unit
-        (NCCL: ``groupStart``/``groupEnd``) overrides it.
+        (NCCL: ``groupStart``/``groupEnd``) overrides it. A backend may also start all sends
+        before all receives, or the reverse (tcp picks by the receives' sizes): matching depends
+        only on the order of sends among themselves and of receives among themselves.
         """
         return [
             self.isend(array, peer, tag) if kind == "isend" else self.irecv(array, peer, tag)

@@ -147,21 +147,24 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         isinstance(p, P2POp) for p in p2p_op_list
     ):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
-    batches: dict[int, tuple[ProcessGroup, list[tuple[str, Any, int | None, int]]]] = {}
-    staged: list[tuple[int, int, Buffer | None]] = []  # (group, index in batch, recv buffer)
-    for p in p2p_op_list:
-        checked = _checked_op(p)
-        if checked is None:
-            continue  # not a member of the op's group
-        pg, entry, buf = checked
-        ops = batches.setdefault(id(pg), (pg, []))[1]
-        staged.append((id(pg), len(ops), buf))
-        ops.append(entry)
-    started = {key: pg.backend.batch_isend_irecv(ops) for key, (pg, ops) in batches.items()}
-    return [
-        started[key][i] if buf is None else _written_back(started[key][i], buf)
-        for key, i, buf in staged
-    ]
+    checked = [c for c in map(_checked_op, p2p_op_list) if c is not None]  # members' ops
+    if not checked:
+        return []
+    group = checked[0][0]
+    if all(c[0] is group for c in checked):  # the common case: one group, one backend call
+        works = group.backend.batch_isend_irecv([entry for _, entry, _ in checked])
+    else:
+        works = [None] * len(checked)
+        by_group: dict[int, list[int]] = {}
+        for i, (pg, _, _) in enumerate(checked):
+            by_group.setdefault(id(pg), []).append(i)
+        for indexes in by_group.values():
+            backend = checked[indexes[0]][0].backend
+            started = backend.batch_isend_irecv([checked[i][1] for i in indexes])
+            for i, work in zip(indexes, started, strict=True):
+                works[i] = work
+    return [work if buf is None else _written_back(work, buf)
+            for work, (_, _, buf) in zip(works, checked, strict=True)]
 
 
 def _checked_op(p: P2POp) -> tuple[ProcessGroup, tuple[str, Any, int | None, int], Buffer | None

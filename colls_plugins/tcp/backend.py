@@ -173,6 +173,32 @@ class TcpBackend(Backend):
         checked ``src`` and ``tag`` (:meth:`colls.backend.Backend.recv`)."""
         return self._engine.recv(array, src, tag)
 
+    def batch_isend_irecv(self, ops: Sequence[tuple[str, Any, int | None, int]]) -> list[Work]:
+        """Start a batch of sends and receives; return their Works in the batch's order.
+
+        The sends go first when every receive of the batch takes a message small enough for
+        the ring from a host peer: then a receive whose message is already there takes it at
+        once, with no receive posted (a halo exchange's rows, about 20 us of its 63 at N=2).
+        Otherwise the receives go first, so that a large message lands in place instead of in
+        a buffer. Sends keep their order among themselves, and receives theirs, so matching is
+        the same either way.
+        """
+        ring = self._engine.ring_serves
+        receives = []
+        for i, (kind, array, peer, _tag) in enumerate(ops):
+            if kind != "isend":
+                if not ring(peer, array.nbytes):
+                    return super().batch_isend_irecv(ops)
+                receives.append(i)
+        works: list[Any] = [None] * len(ops)
+        for i, (kind, array, peer, tag) in enumerate(ops):
+            if kind == "isend":
+                works[i] = self.isend(array, peer, tag)
+        for i in receives:
+            _kind, array, peer, tag = ops[i]
+            works[i] = self.irecv(array, peer, tag)
+        return works
+
     # -- collectives: shared memory on one host, two levels across hosts ----------------------
     def _shm_for(self, collective: str) -> ShmGroup | None:
         """Return the shared memory to run ``collective`` through flat, or None for point-to-point.

@@ -434,6 +434,10 @@ class Engine:
         """
         self._arrivals[src] = self._arrivals.get(src, 0) + 1
 
+    def ring_serves(self, src: int | None, nbytes: int) -> bool:
+        """Whether a user message of ``nbytes`` from ``src`` comes through a host peer's ring."""
+        return src is not None and nbytes <= INLINE_MAX_BYTES and src in self._channels
+
     def _rings_for(self, src: int | None) -> list[Channel]:
         """Return the rings a receive from ``src`` (None: any rank) may take a message from."""
         if src is None:

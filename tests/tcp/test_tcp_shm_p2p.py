@@ -380,3 +380,61 @@ def test_an_irecv_of_a_message_already_next_returns_a_completed_work(hosts, monk
     assert other_tag.result() == 0 and later.tolist() == [5, 6]
     with b._engine._lock:
         assert b._engine._table.posted_count() == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_of_ring_sized_receives_starts_its_sends_first_and_keeps_the_matching_order(
+        hosts, monkeypatch):
+    """A halo exchange's batch: its sends go first, so a receive whose row came meanwhile takes
+    it without a receive posted. Receives keep their order (two of one tag match in list order),
+    and a batch with a receive too large for the ring posts its receives first."""
+    from colls_plugins.tcp import engine
+
+    a, b = hosts([0, 0])
+    made: list[Any] = []
+    real_op = engine.RecvOp
+    monkeypatch.setattr(engine, "RecvOp", lambda *args: made.append(args) or real_op(*args))
+    row = entry_bytes(16)
+    real_isend = b.isend
+
+    def isend_then_wait_for_the_answer(array: Any, dst: int, tag: int) -> Any:
+        work = real_isend(array, dst, tag)
+        if _channel(b, 0).head == 2 * row:  # rank 1's rows are out: rank 0 answers them
+            deadline = time.monotonic() + WAIT
+            while _channel(a, 1).head < 2 * row and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return work
+
+    monkeypatch.setattr(b, "isend", isend_then_wait_for_the_answer)
+
+    def exchange(rank: int) -> list[np.ndarray]:
+        got = [np.zeros(2, np.int64), np.zeros(2, np.int64)]
+        if rank == 0:  # answers once rank 1's rows are there
+            deadline = time.monotonic() + WAIT
+            while _channel(b, 0).head < 2 * row and time.monotonic() < deadline:
+                time.sleep(0.001)
+            a.send(np.array([0, 1]), 1, 5)
+            a.send(np.array([0, 2]), 1, 5)
+            assert a.recv(got[0], 1, 5) == 1 and a.recv(got[1], 1, 5) == 1
+            return got
+        works = b.batch_isend_irecv([
+            ("irecv", got[0], 0, 5), ("irecv", got[1], 0, 5),
+            ("isend", np.array([1, 1]), 0, 5), ("isend", np.array([1, 2]), 0, 5),
+        ])
+        assert [w.result() for w in works[:2]] == [0, 0]
+        for work in works:
+            work.wait(WAIT)
+        return got
+
+    got = _on_threads(exchange, 2)
+    assert [g.tolist() for g in got[0]] == [[1, 1], [1, 2]]
+    assert [g.tolist() for g in got[1]] == [[0, 1], [0, 2]]
+    assert not any(args[2] == 0 for args in made)  # rank 1 posted nothing: its rows were there
+
+    made.clear()
+    big = np.zeros(INLINE_MAX_BYTES + 8, np.uint8)
+    works = b.batch_isend_irecv([("irecv", big, 0, 6), ("isend", np.array([9]), 0, 6)])
+    assert len(made) == 1  # posted first: a large message lands in place
+    a.send(np.full(INLINE_MAX_BYTES + 8, 3, np.uint8), 1, 6)
+    works[0].wait(WAIT)
+    assert (big == 3).all() and a.recv(np.zeros(1, np.int64), 1, 6) == 1
