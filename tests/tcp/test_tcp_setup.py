@@ -172,3 +172,24 @@ def test_group_over_a_tcp_store_with_tuned_sockets():
     finally:
         for store in reversed(stores):
             store.close()
+
+
+class _UntouchableStore(HashStore):
+    """A store every request of which fails the test: the backend must not have reached it."""
+
+    def _refuse(self, *args: object) -> None:
+        raise AssertionError("the backend made a store request before checking its settings")
+
+    _set = _get = _add = _compare_set = _wait = _check = _delete_key = _multi_get = _refuse
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("COLLS_SHM", "sometimes"), ("COLLS_SEGMENT_BYTES", "lots"),
+    ("COLLS_MAX_MESSAGE_BYTES", "-1"), ("COLLS_HANDSHAKE_TIMEOUT", "soon"),
+])
+def test_a_bad_setting_fails_before_the_first_store_request(monkeypatch, name, value):
+    """Parsed later, it could fail rank 0 first, which hosts the store, and leave the other
+    ranks with a lost connection instead of the reason (a CI flake of the conformance suite)."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"environment variable {name}={value!r}"):
+        TcpBackend(_UntouchableStore(), 1, 2, options(2))
