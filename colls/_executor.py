@@ -10,8 +10,9 @@ waits). An inline call takes it, runs its job and puts it back; the first job qu
 for the queue (waiting for an inline job in progress), and the worker puts it back when the
 queue is empty. So an inline call never overtakes a queued job, and no two jobs ever run at
 once. The token is a key of a dict: ``dict.pop`` takes it atomically (under the GIL, and under
-free-threaded CPython's per-object locks), through a bound C call that costs the latency path
-no frame; a ``threading.Lock`` cost more per call than the whole rest of the fast path's checks.
+free-threaded CPython's per-object locks, a build colls is not tested on), through a bound C
+call that costs the latency path no frame; a ``threading.Lock`` cost more per call than the
+whole rest of the fast path's checks.
 """
 
 from __future__ import annotations
