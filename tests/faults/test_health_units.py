@@ -339,6 +339,11 @@ def test_losing_the_store_breaks_groups_but_an_orderly_shutdown_does_not():
             host_side, other = fake_group(master), fake_group(client, rank=1)
             if orderly:
                 host_side.health.close()  # the store host's last group: writes "shutdown"
+                # As destroy_process_group's linger does: the server stays up until the peer's
+                # watcher has read the record. Closed at once, it could drop the watcher's
+                # request unread (a reset the peer takes for a dead host; one CI run in many).
+                watcher = other.health._watcher
+                assert _until(lambda w=watcher: not w._thread.is_alive())
             master.close()
             if orderly:
                 time.sleep(0.5)
