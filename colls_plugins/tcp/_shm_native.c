@@ -171,11 +171,16 @@ static void Sync_dealloc(SyncObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Peers whose sleeping flag is up (after a full fence), as a tuple of host ranks. */
+/* A sleeping peer's sleep word holds 1 + the host rank whose post it waits for
+ * (shm.SLEEPS_FOR); 0 while it is awake. */
+#define SLEEPS_FOR 1
+
+/* Peers that sleep until this rank posts (read after a full fence), as a tuple of host ranks. */
 static PyObject *sleepers(SyncObject *self) {
     Py_ssize_t count = 0;
+    const int64_t for_me = SLEEPS_FOR + (int64_t)self->rank;
     for (Py_ssize_t r = 0; r < self->size; r++) {
-        if (r != self->rank && load_acquire(&self->ctrl[r][self->w_sleep])) {
+        if (r != self->rank && load_acquire(&self->ctrl[r][self->w_sleep]) == for_me) {
             self->scratch[count++] = r;
         }
     }
@@ -201,7 +206,8 @@ static void publish(SyncObject *self, int64_t phase) {
 }
 
 PyDoc_STRVAR(post_doc, "post(phase) -> tuple\n\n"
-             "Publish ``phase`` and return the host ranks of peers that sleep (to be woken).");
+             "Publish ``phase`` and return the host ranks of peers that sleep until this rank\n"
+             "posts (to be woken).");
 
 static PyObject *Sync_post(SyncObject *self, PyObject *arg) {
     if (check_open(self) < 0) {
@@ -743,7 +749,7 @@ PyMODINIT_FUNC PyInit__shm_native(void) {
     }
     /* colls_plugins/tcp/shm_native.py refuses a build whose interface is not the one it
      * expects (an editable install whose .so predates a change to this file). */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 2) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 3) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -103,6 +103,11 @@ SLOT_ALIGN = 64
 
 _MAGIC = 0x434F4C4C5353484D  # "COLLSSHM"
 _W_MAGIC, _W_TOKEN, _W_SEQ, _W_SLEEP, _W_STAMP = 0, 1, 8, 16, 24  # int64 word offsets
+#: Values of the owner's ``_W_SLEEP`` word: ``AWAKE``, or ``SLEEPS_FOR + r`` while a thread of it
+#: sleeps until host rank ``r`` posts. A post wakes only the sleepers that wait for the poster
+#: (the compiled ``Sync.post`` makes the same test): L ranks sleeping through a barrier are then
+#: woken about once each, not L times each.
+AWAKE, SLEEPS_FOR = 0, 1
 #: Threads of the owner blocked waiting for a point-to-point message (shm_p2p).
 _W_P2P_SLEEP = 17
 #: 1 once the owner's engine reads its point-to-point rings (peers write them only then).
@@ -268,9 +273,9 @@ class Segment:
         """Return slot ``slot`` viewed as ``dtype`` (cached; ``slot_bytes`` is 64-aligned)."""
         key = (slot, dtype)
         view = self._typed.get(key)
-        if view is None:
-            view = self.slots[slot][: self.slot_bytes // dtype.itemsize * dtype.itemsize]
-            view = view.view(dtype)
+        if view is None:  # straight from the mapping: a host's first collective makes L of them
+            view = np.frombuffer(self.mm, dtype=dtype, count=self.slot_bytes // dtype.itemsize,
+                                 offset=CTRL_BYTES + slot * self.slot_bytes)
             self._typed[key] = view
         return view
 
@@ -386,8 +391,9 @@ class ShmGroup:
         me[_W_SEQ] = self.phase
         self._fence()
         ctrls = self._ctrls
+        for_me = SLEEPS_FOR + self.rank
         for peer in self.peers:
-            if ctrls[peer][_W_SLEEP]:
+            if ctrls[peer][_W_SLEEP] == for_me:
                 self._wake(peer)
 
     def _post_native(self) -> None:
@@ -450,26 +456,30 @@ class ShmGroup:
     def _block(self, pending: list[int], target: int, what: str) -> None:
         """Sleep on the wake-up socket until every rank in ``pending`` has posted ``target``.
 
-        Every post of any host peer wakes every sleeper, so a wake-up must be cheap: posted ranks
-        leave ``pending`` from its end only, which costs O(1) unless the last one just posted.
-        The full look (every pending rank, dead peers, the timeout) comes at growing intervals.
-        Rescanning every pending rank at every wake-up made L ranks sleeping through a barrier
-        cost O(L^3) steps: at 256 ranks on two cores, the sleepers took the CPU the last ranks
-        needed to arrive.
+        The sleep word names one rank, the last of ``pending``, and only that rank's post wakes
+        this one (:data:`SLEEPS_FOR`); posted ranks leave ``pending`` from its end, which costs
+        O(1) per wake-up. Ranks that arrive in order wake a sleeper once, in random order about
+        ln(L) times. The full look (every pending rank, dead peers, the timeout) comes at growing
+        intervals. When every post woke every sleeper, L ranks sleeping through a barrier took
+        L^2 wake-ups, and at 256 ranks on two cores they took the CPU the last ranks needed to
+        arrive.
         """
         ctrls = self._ctrls
         deadline = time.monotonic() + self.timeout
         me = self._me
-        me[_W_SLEEP] = 1
         check_at = 0.0
         slice_s = BLOCK_SLICE_SECONDS
         try:
             while True:
-                self._fence()
+                self._fence()  # Dekker with the poster: our sleep word is visible before we look
                 while pending and ctrls[pending[-1]][_W_SEQ] >= target:
                     pending.pop()
                 if not pending:
                     return
+                sleeps = SLEEPS_FOR + pending[-1]
+                if me[_W_SLEEP] != sleeps:
+                    me[_W_SLEEP] = sleeps
+                    continue  # fence, then look at that rank again before sleeping
                 now = time.monotonic()
                 if now >= check_at:
                     pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
@@ -489,7 +499,7 @@ class ShmGroup:
                     slice_s = min(2 * slice_s, BLOCK_SLICE_MAX_SECONDS)
                 self._sleep(check_at - now)
         finally:
-            me[_W_SLEEP] = 0
+            me[_W_SLEEP] = AWAKE
 
     # -- point-to-point sleepers (colls_plugins.tcp.shm_p2p) -----------------------------------
     def p2p_sleepers(self, change: int) -> None:

@@ -89,8 +89,7 @@ def _all_reduce_flat(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> Non
         g.check(g.peers, slot, what)
         if rank != 0:
             piece[...] = views[0][:length]
-        for j in range(1, n):
-            op.combine(piece, views[j][:length])
+        op.combine_all(piece, [views[j][:length] for j in range(1, n)])
         g.release_slot(slot)
 
 
@@ -113,9 +112,7 @@ def _all_reduce_rsag(g: ShmGroup, array: Array, op: ReduceSpec, tag: int) -> Non
         g.check(g.peers, slot, what)
         own = piece[lo:hi]
         if hi > lo:
-            for j in range(n):
-                if j != rank:
-                    op.combine(own, g.typed(j, slot, dtype)[lo:hi])
+            op.combine_all(own, [g.typed(j, slot, dtype)[lo:hi] for j in range(n) if j != rank])
             mine[lo:hi] = own
         g.post()
         g.wait_all(g.phase, what)
@@ -163,9 +160,7 @@ def reduce(g: ShmGroup, array: Array, root: int, op: ReduceSpec, tag: int) -> No
         else:
             g.wait(others, g.phase + 1, what)
             g.check(others, slot, what)
-            piece = array[a:b]
-            for j in others:
-                op.combine(piece, g.typed(j, slot, dtype)[: b - a])
+            op.combine_all(array[a:b], [g.typed(j, slot, dtype)[: b - a] for j in others])
             g.post()
         g.release_slot(slot)
 
@@ -211,9 +206,8 @@ def reduce_scatter(g: ShmGroup, output: Array, input: Array, op: ReduceSpec, tag
         g.check(g.peers, slot, what)
         piece = output[a:b]
         piece[...] = input[rank * count + a : rank * count + b]
-        for j in range(n):
-            if j != rank:
-                op.combine(piece, g.typed(j, slot, dtype)[rank * length : (rank + 1) * length])
+        op.combine_all(piece, [g.typed(j, slot, dtype)[rank * length : (rank + 1) * length]
+                               for j in range(n) if j != rank])
         g.release_slot(slot)
 
 

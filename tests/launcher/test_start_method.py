@@ -385,9 +385,11 @@ def test_preload_is_best_effort():
     ]
 
 
-#: Packages that may initialise a GPU or MPI (or are third-party plugins): never preloaded.
+#: Modules that may initialise a GPU or MPI (or are third-party plugins): never preloaded. The
+#: mpi and nccl plugins' declaring modules are preloaded; what loads MPI or CUDA is not.
 NEVER_PRELOADED = ("torch", "cupy", "jax", "jaxlib", "mpi4py", "colls_storemail", "colls_torch",
-                   "colls_jax", "colls_plugins.mpi")
+                   "colls_jax", "colls_plugins.mpi.runtime", "colls_plugins.mpi.backend",
+                   "colls_plugins.nccl.runtime", "colls_plugins.nccl.backend")
 
 
 def test_preload_list_imports_and_loads_no_gpu_mpi_or_plugin_module():

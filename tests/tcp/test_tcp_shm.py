@@ -313,3 +313,63 @@ def test_the_compiled_wait_yields_without_the_gil(shm_path):
             group.native.poll([1], 1, 0.0, 0.0)
     finally:
         group.close()
+
+
+def _three_rank_group(rank: int) -> tuple[shm.ShmGroup, list[shm.Segment]]:
+    """Host rank ``rank``'s view of three segments of this process, blocking at once (as ranks
+    on threads do); the test writes the other ranks' words itself."""
+    segments = [shm.Segment.create(4096, token=7) for _ in range(3)]
+    group = shm.ShmGroup(rank, segments, 4096, None, [None] * 3, same_process=True,
+                         timeout=30.0, peer_error=lambda r: None)
+    return group, segments
+
+
+@pytest.mark.timeout(60)
+def test_a_post_wakes_only_the_sleepers_that_wait_for_the_poster(shm_path, monkeypatch):
+    """Rank 1 posts: it wakes rank 0, asleep until rank 1 posts, but not rank 2, asleep until
+    rank 0 posts (every post woke every sleeper: L^2 wake-ups for L ranks in a barrier)."""
+    group, segments = _three_rank_group(rank=1)
+    woken: list[int] = []
+    monkeypatch.setattr(group, "_wake", woken.append)
+    try:
+        assert (group.native is not None) == shm_path
+        segments[0].ctrl[shm._W_SLEEP] = shm.SLEEPS_FOR + 1
+        segments[2].ctrl[shm._W_SLEEP] = shm.SLEEPS_FOR + 0
+        group.post()
+        assert woken == [0]
+        segments[0].ctrl[shm._W_SLEEP] = shm.AWAKE
+        group.post()
+        assert woken == [0]
+    finally:
+        group.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_sleeper_waits_for_one_pending_rank_at_a_time(shm_path):
+    """Rank 0 blocks until ranks 1 and 2 post phase 1: its sleep word names rank 2 (the last
+    pending), then rank 1 once rank 2 has posted, and says awake once both have."""
+    group, segments = _three_rank_group(rank=0)
+    sleep_word = segments[0].ctrl
+
+    def sleeps_for(rank: int) -> bool:
+        deadline = time.monotonic() + 10
+        while sleep_word[shm._W_SLEEP] != shm.SLEEPS_FOR + rank:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    waiter = threading.Thread(target=group.wait_all, args=(1, "barrier (shm)"))
+    try:
+        waiter.start()
+        assert sleeps_for(2)
+        segments[2].ctrl[shm._W_SEQ] = 1  # no wake-up sent: the sleeper's next look sees it
+        assert sleeps_for(1)
+        segments[1].ctrl[shm._W_SEQ] = 1
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert sleep_word[shm._W_SLEEP] == shm.AWAKE
+    finally:
+        segments[1].ctrl[shm._W_SEQ] = segments[2].ctrl[shm._W_SEQ] = 1
+        waiter.join(10)
+        group.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,29 @@ def test_reduction_matches_exact_reference(kind: RedOpType, dtype: DType, world_
     assert acc.dtype == dtype.numpy
     np.testing.assert_array_equal(acc, expected)
     np.testing.assert_array_equal(spec.numpy_reference(originals), expected)
+
+    # combine_all: the same reduction in one call (a host's flat shared-memory reduction)
+    together, rest = originals[0].copy(), [a.copy() for a in originals[1:]]
+    for array in (together, *rest):
+        spec.prepare(array)
+    spec.combine_all(together, rest)
+    spec.finish(together, world_size)
+    np.testing.assert_array_equal(together, expected)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.FLOAT16, dtypes.BFLOAT16, dtypes.FLOAT32,
+                                   dtypes.COMPLEX64], ids=lambda d: d.name)
+def test_combine_all_overflows_to_inf_silently(dtype: DType) -> None:
+    """Like combine, it computes under the IEEE error state: no warning, no raise (torch's)."""
+    spec = spec_for(RedOpType.SUM, dtype)
+    big = dtypes.float32_to_bf16(np.full(4, 3e38, np.float32)) if dtype is dtypes.BFLOAT16 \
+        else np.full(4, np.finfo(dtype.numpy).max, dtype.numpy)
+    acc = big.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec.combine_all(acc, [big, big])
+    values = dtypes.bf16_to_float32(acc) if dtype is dtypes.BFLOAT16 else acc
+    assert np.all(np.isinf(values.real))
 
 
 @pytest.mark.parametrize(("kind", "dtype"), CASES, ids=lambda x: getattr(x, "name", x))
