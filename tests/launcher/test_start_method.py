@@ -291,6 +291,28 @@ def test_uncaught_keyboard_interrupt_kills_the_worker_with_sigint(write_script, 
     assert "failed first: killed by signal SIGINT" in result.stderr
 
 
+# --- 8. garbage collection ----------------------------------------------------------------------
+
+
+def test_forked_workers_inherit_frozen_objects_and_still_collect_their_own(write_script,
+                                                                          run_launcher,
+                                                                          start_method):
+    script = write_script("gc_state.py", """
+        import gc, sys, weakref
+        class Node:
+            pass
+        node = Node()
+        node.itself = node  # a cycle: only the collector frees it
+        ref = weakref.ref(node)
+        del node
+        gc.collect()
+        sys.stdout.write(f"{gc.get_freeze_count() > 0} {ref() is None}\\n")
+    """)
+    result = run_launcher("--nproc-per-node", "2", str(script))
+    assert result.returncode == 0, result.stderr
+    assert lines_of(result.stdout) == [f"{start_method == 'fork'} True"] * 2
+
+
 # --- the fork machinery --------------------------------------------------------------------------
 # Tests that fork run in a fresh interpreter: pytest's own process has JAX's and torch's thread
 # pools by now, and a child forked from it can deadlock on a lock one of those threads held.
