@@ -22,9 +22,11 @@ log-log axes with N and N log N guides (matplotlib: the ``bench`` extra).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
+import py_compile
 import resource
 import subprocess
 import sys
@@ -169,9 +171,13 @@ def drive(args: argparse.Namespace) -> list[dict]:
     """Launch each size with colls-run (and mpiexec for --mpi); print and return the figures."""
     env = dict(os.environ)
     figures = []
+    here = Path(__file__).resolve()
+    # Every rank imports this module (scale_worker.py): compiled once here, not by each of them.
+    py_compile.compile(str(here), cfile=importlib.util.cache_from_source(str(here)),
+                       doraise=True)
     for n in args.sizes:
         command = [sys.executable, "-m", "colls.run", "--nproc-per-node", str(n),
-                   str(Path(__file__).resolve()), "--worker", "--subgroups", str(args.subgroups)]
+                   str(here.parent / "scale_worker.py"), str(args.subgroups)]
         line = _launch(command, env) | {"launcher": "colls-run"}
         print(_describe(line), flush=True)
         figures.append(line)
@@ -229,7 +235,6 @@ def plot(figures: list[dict], path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 64, 128, 256])
     parser.add_argument("--mpi", type=int, nargs="*", default=[])
     parser.add_argument("--subgroups", type=int, default=0,
@@ -237,9 +242,6 @@ def main() -> None:
     parser.add_argument("--json", help="write every figure line to this file")
     parser.add_argument("--plot", help="write a log-log plot of startup to this file")
     args = parser.parse_args()
-    if args.worker:
-        worker(args.subgroups)
-        return
     print(f"load before: {open('/proc/loadavg').read().strip()}", flush=True)
     figures = drive(args)
     if args.json:
