@@ -51,9 +51,17 @@ if c.rank == 0:
 """
 
 
-def _rss_mib() -> float:
+def _rss_mib() -> tuple[float, float]:
+    """Return this process's resident memory and the part of it not shared with anything, MiB.
+
+    Resident memory counts every page the rank has touched, its host peers' shared-memory pages
+    too (a 256-rank host's first all_reduce reads 255 peers' control and slot pages); the
+    private part is the rank's own.
+    """
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+        fields = statm.read().split()
+    page = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    return int(fields[1]) * page, (int(fields[1]) - int(fields[2])) * page
 
 
 def _sockets() -> int:
@@ -101,7 +109,7 @@ def worker(subgroups: int) -> None:
     if x[0] != colls.get_world_size():
         raise AssertionError(f"all_reduce gave {x[0]}, expected {colls.get_world_size()}")
     fds = len(os.listdir("/proc/self/fd"))
-    stats = [t1 - t0, t2 - t1, fds, _connections(), _rss_mib(),
+    stats = [t1 - t0, t2 - t1, fds, _connections(), *_rss_mib(),
              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, _sockets()]
     size, rank = colls.get_world_size(), colls.get_rank()
     requests = _store_requests()  # before the gather: the setup's requests only
@@ -114,10 +122,11 @@ def worker(subgroups: int) -> None:
         line = {
             "ranks": size, "startup_s": a[:, 0].max(), "first_all_reduce_ms": a[:, 1].max() * 1e3,
             # rank 0 also hosts the store server, one socket per client: counted apart
-            "fds_max": int(a[:, 2].max()), "sockets_max": int(a[1:, 6].max(initial=0)),
-            "sockets_rank0": int(a[0, 6]),
+            "fds_max": int(a[:, 2].max()), "sockets_max": int(a[1:, 7].max(initial=0)),
+            "sockets_rank0": int(a[0, 7]),
             "connections_max": int(a[:, 3].max()),
-            "rss_mib_median": float(np.median(a[:, 4])), "maxrss_mib_max": a[:, 5].max(),
+            "rss_mib_median": float(np.median(a[:, 4])),
+            "private_mib_median": float(np.median(a[:, 5])), "maxrss_mib_max": a[:, 6].max(),
             "store_requests": total, "store_requests_per_rank": total / size,
             "store_requests_by_command": requests, "subgroups": sub,
             "load": open("/proc/loadavg").read().split()[:3],
@@ -197,7 +206,8 @@ def _describe(line: dict) -> str:
         text += (f" (sockets {line['sockets_max']}, rank 0 {line['sockets_rank0']})"
                  f"  connections {line['connections_max']:3d}"
                  f"  store requests/rank "
-                 f"{line['store_requests_per_rank']:5.1f}  RSS {line['rss_mib_median']:.0f} MiB"
+                 f"{line['store_requests_per_rank']:5.1f}  RSS {line['rss_mib_median']:.1f} MiB"
+                 f" (private {line['private_mib_median']:.1f})"
                  f"  load {' '.join(line['load'])}")
         sub = line.get("subgroups")
         if sub:
