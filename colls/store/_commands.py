@@ -104,6 +104,11 @@ class CommandsMixin:
         existed = self._data.pop(_wire.check_key_field(fields[0]), None) is not None
         self._reply(conn, Status.OK, [b"\x01" if existed else b"\x00"])
 
+    def _cmd_multi_delete(self, conn: _Connection, fields: list[bytes]) -> None:
+        keys = [_wire.check_key_field(f) for f in fields]
+        existed = sum(self._data.pop(key, None) is not None for key in keys)
+        self._reply(conn, Status.OK, [_wire.encode_int(existed)])
+
     def _cmd_num_keys(self, conn: _Connection, fields: list[bytes]) -> None:
         self._expect(fields, 0, "NUM_KEYS")
         count = sum(1 for k in self._data if not k.startswith(_INTERNAL_PREFIX))

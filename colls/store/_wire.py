@@ -13,23 +13,24 @@ magic, the version and the payload length (against :data:`MAX_PAYLOAD_BYTES`) as
 12-byte header has arrived, so a garbage or oversized frame is rejected before its payload is
 buffered. Request layouts (``timeout_ms`` is -1 for "forever"):
 
-=========== ============================== =====================================
-command     request fields                 OK response fields
-=========== ============================== =====================================
-SET         key, value                     (none)
-GET         timeout_ms, key                value
-ADD         key, amount                    new value
-COMPARE_SET key, expected, desired         value stored after the call
-WAIT        timeout_ms, key...             (none)
-CHECK       key...                         1 byte: 1 if all keys exist
-DELETE_KEY  key                            1 byte: 1 if the key existed
-NUM_KEYS    (none)                         count
-MULTI_GET   timeout_ms, key...             value...
-MULTI_SET   key, value, key, value...      (none)
-AUTH        client nonce                   server nonce, server proof
-AUTH_PROOF  client proof                   (none)
-PING        (none)                         (none)
-=========== ============================== =====================================
+============ ============================== =====================================
+command      request fields                 OK response fields
+============ ============================== =====================================
+SET          key, value                     (none)
+GET          timeout_ms, key                value
+ADD          key, amount                    new value
+COMPARE_SET  key, expected, desired         value stored after the call
+WAIT         timeout_ms, key...             (none)
+CHECK        key...                         1 byte: 1 if all keys exist
+DELETE_KEY   key                            1 byte: 1 if the key existed
+NUM_KEYS     (none)                         count
+MULTI_GET    timeout_ms, key...             value...
+MULTI_SET    key, value, key, value...      (none)
+MULTI_DELETE key...                         count of keys that existed
+AUTH         client nonce                   server nonce, server proof
+AUTH_PROOF   client proof                   (none)
+PING         (none)                         (none)
+============ ============================== =====================================
 
 A TIMEOUT response carries the keys still missing; an ERROR response one utf-8 message.
 
@@ -85,6 +86,7 @@ class Command(enum.IntEnum):
     AUTH = 11
     AUTH_PROOF = 12
     PING = 13
+    MULTI_DELETE = 14
 
 
 class Status(enum.IntEnum):

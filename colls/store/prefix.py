@@ -73,6 +73,9 @@ class PrefixStore(Store):
     def _multi_set(self, keys: list[str], values: list[bytes]) -> None:
         self._store._multi_set([self._key(k) for k in keys], values)
 
+    def _delete_keys(self, keys: list[str]) -> int:
+        return self._store._delete_keys([self._key(k) for k in keys])
+
     def _check_open(self) -> None:
         super()._check_open()
         self._store._check_open()

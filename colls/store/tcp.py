@@ -445,6 +445,11 @@ class TCPStore(Store):
     def _num_keys(self) -> int:
         return _wire.decode_int(self._request(Command.NUM_KEYS, [], "num_keys", [])[0])
 
+    def _delete_keys(self, keys: list[str]) -> int:
+        reply = self._request(Command.MULTI_DELETE, [self._key(k) for k in keys], "delete_keys",
+                              keys)
+        return _wire.decode_int(reply[0])
+
     def _multi_get(self, keys: list[str], timeout: float | None) -> list[bytes]:
         fields = [_wire.encode_timeout(timeout)] + [self._key(k) for k in keys]
         return self._request(Command.MULTI_GET, fields, "multi_get", keys, timeout)

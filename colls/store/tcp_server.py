@@ -181,6 +181,7 @@ class StoreServer(CommandsMixin, GuardMixin):
             Command.NUM_KEYS: self._cmd_num_keys,
             Command.MULTI_GET: self._cmd_multi_get,
             Command.MULTI_SET: self._cmd_multi_set,
+            Command.MULTI_DELETE: self._cmd_multi_delete,
             Command.AUTH: self._cmd_auth,
             Command.AUTH_PROOF: self._cmd_auth_proof,
             Command.PING: self._cmd_ping,

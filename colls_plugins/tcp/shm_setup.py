@@ -230,23 +230,23 @@ def exchange_hosts(
 ) -> HostMap:
     """Publish this rank's host identity and return the group's host map (same on every rank).
 
-    Rank 0 reads every identity and publishes the map; the others read the map once. The
-    identities are deleted once read, and the map by its last reader, so a later group of the
-    same name on the same store never reads this group's keys.
+    Rank 0 reads every other identity and publishes the map; the others read the map once. The
+    identities are deleted once the map is out (one request), and the map by its last reader, so
+    a later group of the same name on the same store never reads this group's keys.
 
     Raises:
         CollsTimeoutError: some ranks did not publish in time (rank 0 names them).
     """
-    store.set(HOST_KEY.format(rank=rank), host_identity().encode())
     if rank == 0:
-        identities = _read_keys(store, HOST_KEY, range(world_size), deadline, rank, group,
-                                "host identity")
-        for r in range(world_size):
-            with contextlib.suppress(Exception):
-                store.delete_key(HOST_KEY.format(rank=r))
+        others = range(1, world_size)
+        identities = [host_identity().encode(), *_read_keys(
+            store, HOST_KEY, others, deadline, rank, group, "host identity")]
         hosts = HostMap.from_identities([v.decode(errors="replace") for v in identities])
         store.set(HOSTMAP_KEY, hosts.encode())
+        with contextlib.suppress(Exception):
+            store.delete_keys([HOST_KEY.format(rank=r) for r in others])
     else:
+        store.set(HOST_KEY.format(rank=rank), host_identity().encode())
         (encoded,) = _read_keys(store, HOSTMAP_KEY, [0], deadline, rank, group, "host map")
         hosts = HostMap.decode(encoded)
         if hosts.world_size != world_size:
@@ -254,10 +254,9 @@ def exchange_hosts(
                 f"tcp: rank {rank} of group {group!r}: the host map in the store has "
                 f"{hosts.world_size} ranks, expected {world_size}"
             )
-    if store.add(HOSTMAP_READS_KEY, 1) == world_size:
-        for key in (HOSTMAP_KEY, HOSTMAP_READS_KEY):
-            with contextlib.suppress(Exception):
-                store.delete_key(key)
+    if rank != 0 and store.add(HOSTMAP_READS_KEY, 1) == world_size - 1:
+        with contextlib.suppress(Exception):
+            store.delete_keys([HOSTMAP_KEY, HOSTMAP_READS_KEY])
     return hosts
 
 
@@ -283,6 +282,7 @@ def _agree(
         segments, why = _map_peers(me, local, seg, peers)
         ready = _gather_host(store, ready_key, b"1" if segments is not None else b"0", local,
                              rank, deadline, group)
+        _forget_rounds(store, (INFO_KEY, ready_key), local, rank)
     except BaseException:
         if wake_sock is not None:
             wake_sock.close()
@@ -322,27 +322,24 @@ def _gather_host(
     """Publish ``value`` under ``key`` and return every host rank's value, in ``local`` order.
 
     The host's first rank reads the others' values (one multi_get, which waits for them) and
-    publishes them, with its own, as one; the others read that one value. Then each of them
-    deletes its own value (the first rank has read it) and the last reader the combined one, so a
-    later group of the same name on the same store never reads this one's keys. Deletions are one
-    request per rank, never a loop on one rank: the first rank often hosts the store server, and
-    under load each of its round trips waits for its own server thread. The first rank's own
-    value never goes through the store: two requests fewer per round (64 groups of 4 at 256
-    ranks make 128 such rounds at once).
+    publishes them, with its own, as one (``key`` for rank "<first>" + :data:`GATHERED`); the
+    others read that one value. The first rank's own value never goes through the store.
+    Nothing is deleted here: :func:`_forget_rounds` deletes both rounds' keys at the end, in one
+    request. So a host rank other than the first makes two requests per round, a set and a
+    multi_get; the round trips are what 64 groups of 4 at 256 ranks wait for.
 
     Raises:
         CollsTimeoutError: not every host rank published in time (names those that did not).
     """
     leader = local[0]
-    gathered = key.format(rank=f"{leader}{GATHERED}")
     if rank == leader:
         values = [value, *_read_keys(store, key, local[1:], deadline, rank, group,
                                      "shared-memory setup")]
-        store.set(gathered, _pack(values))
+        store.set(_gathered(key, local), _pack(values))
         return values
     store.set(key.format(rank=rank), value)
     try:
-        (packed,) = _read_keys(store, gathered, [leader], deadline, rank, group,
+        (packed,) = _read_keys(store, _gathered(key, local), [leader], deadline, rank, group,
                                "shared-memory setup")
     except CollsTimeoutError:
         missing = [r for r in local[1:] if not store.check([key.format(rank=r)])] or [leader]
@@ -350,14 +347,31 @@ def _gather_host(
             f"tcp: rank {rank} of group {group!r}: ranks {missing} did not publish their "
             f"shared-memory setup in time"
         ) from None
-    reads = key.format(rank=f"{leader}{GATHERED_READS}")
-    finished = [key.format(rank=rank)]
-    if store.add(reads, 1) == len(local) - 1:
-        finished += [gathered, reads]
-    for done in finished:
-        with contextlib.suppress(Exception):
-            store.delete_key(done)
     return _unpack(packed)
+
+
+def _gathered(key: str, local: tuple[int, ...]) -> str:
+    """The key under which the host's first rank publishes a round's values (``key``'s)."""
+    return key.format(rank=f"{local[0]}{GATHERED}")
+
+
+def _forget_rounds(store: Store, keys: Sequence[str], local: tuple[int, ...], rank: int) -> None:
+    """Delete the setup rounds' keys once every host rank has read them.
+
+    ``keys``: each round's key pattern (:func:`_gather_host`'s ``key``), the last round's
+    last. The host's other ranks count themselves out once they have read the last round's
+    combined value; the last of them deletes every rank's values, the combined values and the
+    count, in one request. Every one of them has read the earlier rounds' values by then, and the
+    first rank read theirs before it published. A later group of the same name on the same store
+    never reads these keys.
+    """
+    if rank == local[0]:
+        return
+    done = keys[-1].format(rank=f"{local[0]}{GATHERED_READS}")
+    if store.add(done, 1) == len(local) - 1:
+        stale = [key.format(rank=r) for key in keys for r in local[1:]]
+        with contextlib.suppress(Exception):
+            store.delete_keys([*stale, *(_gathered(key, local) for key in keys), done])
 
 
 def _pack(values: list[bytes]) -> bytes:

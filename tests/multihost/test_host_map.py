@@ -63,6 +63,14 @@ class CountingStore(HashStore):
         self._count("delete_key")
         return super().delete_key(key)
 
+    def multi_get(self, keys: list[str], timeout: Any = None) -> list[bytes]:
+        self._count("multi_get")
+        return super().multi_get(keys, timeout)
+
+    def delete_keys(self, keys: list[str]) -> int:
+        self._count("delete_keys")
+        return super().delete_keys(keys)
+
 
 @pytest.fixture
 def hosts_by_thread(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[int]], None]:
@@ -109,9 +117,10 @@ def test_every_rank_agrees_on_the_map_with_o_n_requests_and_no_key_left(hosts_by
         lambda r: shm_setup.exchange_hosts(store, r, n, float("inf"), "g"), n)
     assert maps == [HostMap(((0, 2, 5), (1, 4), (3,), (6, 7)))] * n
     assert store.num_keys() == 0, "the exchange must not leave keys behind"
-    # every rank: set, wait, add; rank 0: N gets, N deletes and the map's set; the others:
-    # one get; the last reader: two deletes
-    assert sum(store.requests.values()) <= 6 * n + 2, store.requests
+    # rank 0: one multi_get of the others' identities, the map's set, one delete of them all;
+    # the others: a set, a multi_get of the map, an add; the last reader: one delete
+    assert store.requests == {"multi_get": n, "set": n, "add": n - 1, "delete_keys": 2}, \
+        store.requests
 
 
 def _make_group(layout: list[int], name: str) -> list[TcpBackend]:

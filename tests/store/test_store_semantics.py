@@ -234,3 +234,14 @@ def test_prefix_store_namespaces_keys(make_store) -> None:  # type: ignore[no-un
     assert base.get("one/k") == b"1"  # closing the prefix view leaves the base open
     with pytest.raises(TypeError, match="store must be a colls.store.Store"):
         PrefixStore("p", object())  # type: ignore[arg-type]
+
+
+def test_delete_keys_deletes_each_and_counts_those_that_existed(store: Store) -> None:
+    store.set("a", b"1")
+    store.set("b", b"2")
+    store.set("c", b"3")
+    assert store.delete_keys(["a", "c", "missing"]) == 2
+    assert not store.check(["a"]) and not store.check(["c"])
+    assert store.get("b") == b"2"
+    assert store.delete_keys([]) == 0
+    assert store.num_keys() == 1

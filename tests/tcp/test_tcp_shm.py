@@ -89,6 +89,27 @@ def test_a_second_group_on_the_same_store_and_name_sets_up_afresh(group):
     np.testing.assert_array_equal(arrays[0], np.full(5, 3.0))
 
 
+@pytest.mark.parametrize("world", [2, 5])
+def test_the_shared_memory_setup_leaves_no_key_behind(group, world):
+    """Both rounds' keys go, in one request by the last host rank to read (not one each)."""
+    store = HashStore()
+    deletes: list[int] = []
+    delete_keys = store._delete_keys  # what the group's PrefixStore calls
+
+    def counted(keys: list[str]) -> int:
+        deletes.append(len(keys))
+        return delete_keys(keys)
+
+    store._delete_keys = counted  # type: ignore[method-assign]
+    backends = group(world, store=store, name="tidy")
+    assert all(b.uses_shm for b in backends)
+    # one delete of the host identities, one of the map, one of both shared-memory rounds:
+    # each rank's info and answer but the first rank's, both combined values and the count
+    assert sorted(deletes) == sorted([world - 1, 2, 2 * (world - 1) + 3])
+    leftover = [k for k in store._data if "tcp/host" in k or "tcp/shm" in k]
+    assert leftover == [], leftover
+
+
 def test_algorithm_override_bypasses_shm(group, monkeypatch):
     backends = group(2, name="forced")
     monkeypatch.setenv("COLLS_ALGORITHM", "all_reduce=ring")
