@@ -279,11 +279,11 @@ class Mesh:
             CollsTimeoutError: ``peer`` published nothing in time (names it).
         """
         key = ADDRESS_KEY.format(rank=peer)
-        try:
-            self.store.wait([key], max(deadline - time.monotonic(), 0.001))
+        try:  # one round trip: a multi_get waits for its keys
+            (address,) = self.store.multi_get([key], max(deadline - time.monotonic(), 0.001))
         except StoreTimeoutError:
             raise self.timeout_error("no address published by", [peer]) from None
-        return self.store.get(key).decode()
+        return address.decode()
 
     def dial(
         self, peer: int, deadline: float, abandon: Callable[[], BaseException | None] = _never,
