@@ -27,12 +27,13 @@ Startup model, L ranks per host on H hosts (N = H·L), the host's ranks sharing 
   core per rank (its own store requests included);
 * shared memory: each rank maps its L−1 host peers' segments: ``c_peer`` of a core per pair;
 * the store: one server thread answers every request of the job, ``t_req`` each. Requests per
-  rank are constant: 11 for the rendezvous, the host map and the tcp address, and 8 for the
+  rank are constant: 9 for the rendezvous, the host map and the tcp address, and 5 for the
   shared-memory setup, whose two rounds go through each host's first rank
-  (colls_plugins/tcp/shm_setup.py); 19 in all, measured at every size from 8 to 256;
+  (colls_plugins/tcp/shm_setup.py); 14 in all, measured at every size from 32 to 256 (14.4 at
+  8, where the one request that deletes a round's keys is shared by fewer ranks);
 * the ring connections: one α each.
 
-So ``LAUNCHER_S + L·c_launch/min(cores, L) + L(L−1)·c_peer/cores + N·19·t_req + 2α``. On one
+So ``LAUNCHER_S + L·c_launch/min(cores, L) + L(L−1)·c_peer/cores + N·14·t_req + 2α``. On one
 host the store term cannot be told apart from the launch term (both grow with N), so ``--check``
 fits ``c_launch`` and ``c_peer`` on two sizes (64 and 256) of the given figures, with the store
 folded into ``c_launch``, and checks the others; ``t_req`` (86 µs: half a ``store.add`` round trip
@@ -67,8 +68,8 @@ PARAMS = {"c_launch": 0.0425, "c_peer": 1.54e-4, "t_req": 86e-6, "s_rank": 7.3e-
 LAUNCHER_S = 0.45
 #: Store requests per rank: the rendezvous, the host map and the tcp address; then the shared-
 #: memory setup's, for a rank that has host peers.
-FIXED_REQUESTS = 11
-SHM_REQUESTS = 8
+FIXED_REQUESTS = 9
+SHM_REQUESTS = 5
 CORES = 2
 
 
