@@ -41,10 +41,13 @@ A forked child is not a fresh interpreter. The differences that matter are handl
    worker's own objects are collected as usual; the frozen ones live as long as the process, as
    the preloaded modules do anyway.
 
-Nothing that may initialise a GPU or MPI is preloaded, and no plugin entry point is loaded: a CUDA
-or MPI context does not survive fork. The entry points are *found* before forking, though
-(:func:`colls.plugin_manager.discover_entry_points` reads every installed distribution's metadata,
-which was half of each worker's CPU time to its first barrier); each worker loads them itself.
+Nothing that may initialise a GPU or MPI is preloaded: a CUDA or MPI context does not survive
+fork. The entry points are *found* before forking
+(:func:`colls.plugin_manager.discover_entry_points` reads every installed distribution's
+metadata, which was half of each worker's CPU time to its first barrier). When every one of them
+is colls' own, the launcher also loads them and builds the plugin manager
+(:func:`colls.plugin_manager.build_before_fork`); with a third-party plugin installed, whose
+module might load CUDA, each worker loads them itself.
 ``exec`` (a fresh interpreter per worker) remains available and is used whenever fork does not
 apply (:func:`use_fork`).
 """
@@ -73,9 +76,9 @@ from colls.run.config import LaunchConfig
 #: what ``import colls; colls.init_process_group("tcp"); colls.barrier()`` imports (found with
 #: ``python -X importtime``). Only NumPy, the standard library and colls' own CPU-only modules:
 #: never anything that may initialise a GPU or MPI (torch, cupy, jax, mpi4py, the mpi and nccl
-#: backends' runtimes), and no entry point is loaded nor the plugin manager called (a third-party
-#: plugin module may load CUDA libraries). A module that fails to import is skipped: the worker
-#: imports it itself.
+#: backends' runtimes), and no third-party plugin (its module may load CUDA libraries; see the
+#: module docstring for colls' own). A module that fails to import is skipped: the worker imports
+#: it itself.
 PRELOAD_MODULES: tuple[str, ...] = (
     "numpy",
     "importlib.metadata",  # plugin discovery reads the entry points with it
@@ -139,6 +142,7 @@ def prepare_launcher(config: LaunchConfig) -> list[str]:
         from colls import plugin_manager
 
         plugin_manager.discover_entry_points()
+        plugin_manager.build_before_fork()
     gc.freeze()  # hazard 8
     return failed
 

@@ -153,3 +153,21 @@ def test_two_entry_points_claiming_one_name(monkeypatch: pytest.MonkeyPatch) -> 
                        ("twin-b", "fake_plugins:TWIN_B"))
     with pytest.raises(BackendUnavailableError, match=r"'twin-a', 'twin-b'"):
         plugin_manager.resolve_backend("twin")
+
+
+def test_a_launcher_builds_the_manager_before_forking_only_from_colls_own_plugins(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    own = [ep for ep in importlib.metadata.entry_points(group="colls")
+           if ep.dist is not None and ep.dist.name == plugin_manager.OWN_DISTRIBUTION]
+    assert {ep.name for ep in own} >= {"tcp", "mpi", "nccl"}
+    # one entry point that another distribution declares (its module may load CUDA): nothing
+    _fake_entry_points(monkeypatch, ("moon-ep", "fake_plugins:MOON"))
+    assert plugin_manager.build_before_fork() is False
+    assert plugin_manager._manager is None
+    # colls' own entry points only, as installed: the manager and the specs are built now
+    monkeypatch.setattr(plugin_manager.importlib.metadata, "entry_points",
+                        lambda **selection: own if selection.get("group") == "colls" else [])
+    plugin_manager.reset()
+    assert plugin_manager.build_before_fork() is True
+    assert plugin_manager._manager is not None and plugin_manager._specs is not None
+    assert plugin_manager.resolve_backend("tcp").plugin == "tcp"
