@@ -174,13 +174,6 @@ class Segment:
     # segment at startup, and making them all for each of 255 peers was a fifth of its CPU time
     # to the first barrier.
     @functools.cached_property
-    def slots(self) -> list[np.ndarray]:
-        """The data slots, as bytes."""
-        base = np.frombuffer(self.mm, dtype=np.uint8)
-        size = self.slot_bytes
-        return [base[CTRL_BYTES + s * size : CTRL_BYTES + (s + 1) * size] for s in range(SLOTS)]
-
-    @functools.cached_property
     def tiny(self) -> list[memoryview]:
         """The payloads of the two tiny-message lines, as bytes."""
         raw = memoryview(self.mm)
@@ -289,7 +282,6 @@ class Segment:
         """Unmap the segment (best effort while views are still alive)."""
         self.close_fd()
         self._typed.clear()
-        self.slots = []
         for view in self.__dict__.get("tiny", ()):
             with contextlib.suppress(BufferError):  # a NumPy view left to the GC: it goes too
                 view.release()

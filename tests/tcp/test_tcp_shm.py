@@ -222,10 +222,11 @@ def test_segment_is_anonymous_and_peers_map_it_read_only():
         assert os.readlink(f"/proc/self/fd/{seg.fd}").startswith("/memfd:colls-tcp-shm")
         peer = shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=1234)
         try:
-            seg.slots[0][:4] = [1, 2, 3, 4]
-            assert list(peer.slots[0][:4]) == [1, 2, 3, 4]
+            byte = np.dtype(np.uint8)
+            seg.typed(0, byte)[:4] = [1, 2, 3, 4]
+            assert list(peer.typed(0, byte)[:4]) == [1, 2, 3, 4]
             with pytest.raises(ValueError):
-                peer.slots[0][0] = 9
+                peer.typed(0, byte)[0] = 9
         finally:
             peer.close()
         with pytest.raises(ValueError, match="token"):
