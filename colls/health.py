@@ -128,6 +128,8 @@ class _Watcher:
         self._reports: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        #: The store host wrote its ``shutdown`` record: the store's end is no death.
+        self._host_left = False
         self._blocking = not isinstance(store, FileStore)
         self._thread = threading.Thread(target=self._run, name="colls-health", daemon=True)
 
@@ -213,6 +215,7 @@ class _Watcher:
                 return
             record = FailureRecord.decode(payload)
             if record is not None and record.kind == SHUTDOWN:
+                self._host_left = True
                 return
             if record is not None:
                 self._apply(record)
@@ -233,9 +236,12 @@ class _Watcher:
         """Apply the records already in the store, waiting at most ``timeout`` seconds.
 
         A rank that closes a broken group writes its record before its connections close, so
-        a peer that sees a connection close can find the cause here first. The reading runs in
-        a helper thread: a store whose host vanished must not hold the caller past ``timeout``
-        (what it reads later is still applied; applying a record twice changes nothing).
+        a peer that sees a connection close can find the cause here first. A store that cannot
+        be reached is a cause too: its host (world rank 0) died, and the peer that left was
+        probably breaking its groups for that reason; the watcher thread, parked on its own
+        connection, may not have noticed yet. The reading runs in a helper thread: a store whose
+        host vanished must not hold the caller past ``timeout`` (what it reads later is still
+        applied; applying a record or the store's loss twice changes nothing).
         """
         reader = threading.Thread(target=self._read_written, name="colls-health-catch-up",
                                   daemon=True)
@@ -248,10 +254,16 @@ class _Watcher:
             while self.store.check([RECORD_KEY.format(index=index)]):
                 record = FailureRecord.decode(self.store.get(RECORD_KEY.format(index=index)))
                 index += 1
+                if record is not None and record.kind == SHUTDOWN:
+                    self._host_left = True
+                    return
                 if record is not None and record.kind == FAILED:
                     self._apply(record)
+        except NetworkError as exc:
+            if not (self._stop.is_set() or self._host_left):
+                self._store_lost(exc)
         except (StoreError, BackendError, OSError):
-            return  # the watcher thread reports a lost store
+            return  # closed under us: destroy is running
 
     def _apply(self, record: FailureRecord) -> None:
         with self._lock:
@@ -410,22 +422,35 @@ class GroupHealth:
         """
         if isinstance(exc, CollectiveMismatchError):
             return exc
-        if isinstance(exc, NetworkError) and self.error is None and self._watcher is not None:
-            self._watcher.catch_up(CATCH_UP_GRACE_S)  # a peer that left may have recorded why
-            if self.error is None:  # or its record is in the watcher's hands right now
-                self._broken_event.wait(CATCH_UP_GRACE_S)
-        with self._lock:
-            earlier = self.error
-        if earlier is not None:
-            if isinstance(exc, NetworkError):
-                return BackendError(f"{label}: {earlier}")
-            return exc
+        explained = self.explain(label, exc, grace=CATCH_UP_GRACE_S, settle=CATCH_UP_GRACE_S)
+        if explained is not exc or self.error is not None:
+            return explained
         reason = f"{label} failed on rank {self._me()}: {type(exc).__name__}: {exc}"
         self._break(
             reason, cause=exc,
             record=FailureRecord(FAILED, self._pg.name, self._me(), None, label, reason),
         )
         return exc
+
+    def explain(self, label: str, exc: BaseException, *, grace: float = PEER_LOST_CATCH_UP_S,
+                settle: float = 0.0) -> BaseException:
+        """Return what a call ``label`` that failed with ``exc`` raises: the group's error if a
+        lost connection has a cause recorded (or the store is gone), else ``exc``.
+
+        A lost connection is often the echo of an earlier failure: the peer broke its groups
+        and left in order. So the records already written are read first (up to ``grace``
+        seconds), and then, when ``settle`` is not 0, the watcher gets that long to apply a
+        record it holds. A point-to-point call asks this without breaking the group: its peer
+        may just have ended its program; the next collective that needs that peer breaks it.
+        """
+        if not isinstance(exc, NetworkError):
+            return exc
+        if self.error is None and self._watcher is not None:
+            self._watcher.catch_up(grace)
+            if self.error is None and settle:
+                self._broken_event.wait(settle)
+        earlier = self.error
+        return exc if earlier is None else BackendError(f"{label}: {earlier}")
 
     def _peer_lost(self, group_rank: int, exc: BaseException) -> None:
         """Backend hook: group rank ``group_rank`` vanished abruptly (called from its thread)."""

@@ -7,11 +7,12 @@ source receive from any rank; ``recv`` then returns the sender's world rank.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from colls import _dispatch as d
 from colls import _fast_path as fast
 from colls.buffers import Buffer
+from colls.errors import NetworkError
 from colls.process_group import ProcessGroup
 from colls.work import Work, chain
 
@@ -86,11 +87,19 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     if group is None and group_dst is None:
         ready = fast.peer(tensor, dst, tag, writable=False)
         if ready is not None:  # the common case (colls._fast_path)
-            ready[0].backend.send(ready[1], dst, tag)
+            try:
+                ready[0].backend.send(ready[1], dst, tag)
+            except NetworkError as exc:
+                _raise_explained(ready[0], "send", exc)
             return
     work = isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
     if work is not None:
-        work.wait()
+        try:
+            work.wait()
+        except NetworkError as exc:
+            pg = d.resolve_group(group)
+            assert pg is not None  # isend returned a Work, so this process is a member
+            _raise_explained(pg, "send", exc)
 
 
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -99,16 +108,35 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     if group is None and group_src is None:
         ready = fast.peer(tensor, src, tag, writable=True)
         if ready is not None:  # the common case: in the default group the group rank is global
-            return ready[0].backend.recv(ready[1], src, tag)
+            try:
+                return ready[0].backend.recv(ready[1], src, tag)
+            except NetworkError as exc:
+                _raise_explained(ready[0], "recv", exc)
     work = irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
     if work is None:
         return -1  # not a member of the group
-    sender = work.source_rank()
-    if group is None:
-        return sender  # in the default group a group rank is the world rank
     pg = d.resolve_group(group)
     assert pg is not None  # irecv returned a Work, so this process is a member
+    try:
+        sender = work.source_rank()
+    except NetworkError as exc:
+        _raise_explained(pg, "recv", exc)
+    if group is None:
+        return sender  # in the default group a group rank is the world rank
     return pg.global_rank(sender)
+
+
+def _raise_explained(pg: ProcessGroup, op: str, exc: NetworkError) -> NoReturn:
+    """Raise what a blocking ``op`` that lost its peer raises: the group's recorded cause, when
+    there is one (:meth:`colls.health.GroupHealth.explain`), else ``exc``.
+
+    A peer that left in order may have left because of another rank's failure: a receive from
+    it should name that rank, as a collective would.
+    """
+    explained = pg.health.explain(op, exc)
+    if explained is exc:
+        raise exc
+    raise explained from exc
 
 
 class P2POp:

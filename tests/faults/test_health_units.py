@@ -303,6 +303,87 @@ def test_a_peer_that_left_over_a_recorded_failure_is_not_blamed_for_dying(record
     assert "died" not in message, message
 
 
+@pytest.fixture
+def store_loss_unseen(monkeypatch):
+    """World rank 0, the store's host, has died; rank 1's watcher thread saw its parked request
+    fail but holds that news, unapplied, until the test ends. Yields rank 1's group.
+
+    That is the window in which a peer (breaking its own groups over the same loss) leaves and
+    this rank sees it leave before its watcher has reported the store lost.
+    """
+    from colls import health as health_module
+
+    holds, release = threading.Event(), threading.Event()
+    store_lost = health_module._Watcher._store_lost
+
+    def slow_store_lost(self, exc):
+        if threading.current_thread().name == "colls-health":
+            holds.set()
+            release.wait(WAIT)
+        store_lost(self, exc)
+
+    monkeypatch.setattr(health_module._Watcher, "_store_lost", slow_store_lost)
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
+    client = TCPStore("127.0.0.1", master.port, timeout=30)
+    try:
+        there = fake_group(client, rank=1)
+        master.close()
+        assert holds.wait(WAIT)
+        yield there
+    finally:
+        release.set()
+        client.close()
+        master.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_lost_while_the_store_is_gone_is_blamed_on_the_store_host(store_loss_unseen):
+    """The race CI once lost (rank 0 killed): rank 2 saw rank 1, which had broken its groups
+    over rank 0's death, drop its connection before its own watcher reported the store lost.
+    The catch-up finds the store unreachable: that, not rank 1, is the cause."""
+    there = store_loss_unseen
+    there.backend.listener(2, NetworkError("tcp: connection to rank 2 lost: reset"))
+    message = str(there.health.error)
+    assert "hosted by world rank 0, which probably died" in message, message
+    assert "world rank 2" not in message, message
+
+
+@pytest.mark.timeout(60)
+def test_a_receive_from_a_peer_that_left_names_the_store_host_when_the_store_is_gone(
+        store_loss_unseen):
+    there = store_loss_unseen
+    lost = NetworkError("tcp: connection to rank 2 lost: peer closed its backend")
+    raised = there.health.explain("recv", lost)
+    assert isinstance(raised, BackendError) and raised is not lost
+    assert str(raised).startswith("recv: colls: group 'g' is broken: lost the connection to")
+    assert "hosted by world rank 0" in str(raised)
+
+
+@pytest.mark.timeout(60)
+def test_a_receive_from_a_peer_that_left_in_order_keeps_its_error_and_the_group():
+    """Nothing recorded, store alive: the peer just ended its program. A point-to-point call
+    raises the transport's error and leaves the group usable (a collective needing the peer
+    breaks it); after the store host's orderly shutdown the store's end is no cause either."""
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
+    client = TCPStore("127.0.0.1", master.port, timeout=30)
+    try:
+        host_side, other = fake_group(master), fake_group(client, rank=1)
+        lost = NetworkError("tcp: connection to rank 2 lost: peer closed its backend")
+        assert other.health.explain("recv", lost) is lost
+        assert other.health.error is None
+        host_side.health.close()  # the store host's last group: writes "shutdown"
+        watcher = other.health._watcher
+        assert _until(lambda: not watcher._thread.is_alive())
+        master.close()
+        assert other.health.explain("send", lost) is lost
+        assert other.health.error is None
+        not_lost = ValueError("a bad argument")
+        assert other.health.explain("recv", not_lost) is not_lost
+    finally:
+        client.close()
+        master.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_record_written_before_a_process_attaches_its_first_group_still_breaks_it(
         monkeypatch):
