@@ -36,6 +36,9 @@ def ordered_stream(rank: int, world: int) -> dict[str, int]:
     size, which fails the receive, or other bytes). Returns how the messages travelled.
     """
     assert _dispatch.default_group().backend.uses_shm
+    # A rank writes into a peer's ring only once the peer's engine reads it, at the end of its
+    # init_process_group: without this barrier the first stream may all go over the socket.
+    colls.barrier()
     for posted_first in (False, True):
         works = []
         outs = [np.empty(size, np.uint8) for size in SIZES]
