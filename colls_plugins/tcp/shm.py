@@ -130,6 +130,12 @@ SPIN_ITERATION_SECONDS = 1e-6
 #: while polling.
 YIELD_SECONDS_MAX = 0.02
 YIELD_SECONDS_MIN = 0.005
+#: Where the budget starts, and its floor, when the host's ranks outnumber its cores. Polling
+#: ranks then take turns on the cores with the ranks they wait for; while those work (a group's
+#: setup, a rank's own computation) rather than post, the polling only steals their time. At
+#: 256 ranks on two cores, waiters polling 5-20 ms each left half the machine's time in system
+#: calls. Waits that end while polling (collectives back to back) still grow the budget.
+YIELD_SECONDS_OVERSUBSCRIBED = 0.0005
 #: Longest single block on the wake-up socket before re-checking counters, peers and timeout,
 #: at first; every full re-check doubles it, up to BLOCK_SLICE_MAX_SECONDS (a long wait then
 #: costs a few wake-ups a second, and a dead peer is still seen within that bound).
@@ -334,12 +340,15 @@ class ShmGroup:
         self._spin = not same_process
         #: Whether a peer runs in this process (ranks on threads: never spin, it holds the GIL).
         self.same_process = same_process
-        # With more ranks than cores, a pure spin only burns the time slice a peer needs.
-        self._spin_iterations = SPIN_ITERATIONS if every_rank_has_a_core(self.size) else 0
+        # With more ranks than cores, a pure spin only burns the time slice a peer needs, and
+        # polling starts short (YIELD_SECONDS_OVERSUBSCRIBED).
+        has_cores = every_rank_has_a_core(self.size)
+        self._spin_iterations = SPIN_ITERATIONS if has_cores else 0
+        self._yield_floor = YIELD_SECONDS_MIN if has_cores else YIELD_SECONDS_OVERSUBSCRIBED
+        self._yield_budget = YIELD_SECONDS_MAX if has_cores else self._yield_floor
         self._peer_error = peer_error
         self._fence_lock = threading.Lock()
         self._p2p_lock = threading.Lock()  # guards this process's count of p2p sleepers
-        self._yield_budget = YIELD_SECONDS_MAX
         self.phase = 0
         self._slot = 0
         self._slot_free = [0] * SLOTS  # peers must pass this phase before a slot is rewritten
@@ -429,7 +438,7 @@ class ShmGroup:
                     return
                 if time.perf_counter() > deadline:
                     break
-            self._yield_budget = max(YIELD_SECONDS_MIN, budget / 2)
+            self._yield_budget = max(self._yield_floor, budget / 2)
         self._block(pending, target, what)
 
     def _wait_native(self, ranks: Sequence[int], target: int, what: str) -> None:
@@ -442,7 +451,7 @@ class ShmGroup:
             self._yield_budget = min(YIELD_SECONDS_MAX, budget * 1.1)
             return
         if self._spin:
-            self._yield_budget = max(YIELD_SECONDS_MIN, budget / 2)
+            self._yield_budget = max(self._yield_floor, budget / 2)
         self._block(list(ranks), target, what)
 
     def _block(self, pending: list[int], target: int, what: str) -> None:

@@ -14,11 +14,13 @@ store follow:
    peers' segments read-only through ``/proc/<pid>/fd/<fd>`` (checking the token stamped in
    them) and publishes whether that worked. A host uses shared memory only when every one of
    its ranks succeeded; otherwise its ranks meet through TCP. A host with one rank has none. A
-   rank with ``COLLS_SHM=0`` still takes part, so that its host peers learn it. Both rounds
-   go through the host's first rank (:func:`_gather_host`): it reads its host peers' values
-   and publishes them as one, so the store handles O(ranks per host) values per host, not
-   their square (256 ranks each reading 256 values twice kept the store server busy for
-   seconds).
+   rank with ``COLLS_SHM=0`` still takes part, so that its host peers learn it. On a host of
+   at most :data:`DIRECT_MAX_RANKS` ranks each rank reads its peers' values directly, one
+   round trip per round. A larger host's rounds go through its first rank
+   (:func:`_gather_host`): it reads its host peers' values and publishes them as one, so the
+   store handles O(ranks per host) values per host, not their square (256 ranks each reading
+   256 values twice kept the store server busy for seconds), at the price of a second round
+   trip per round.
 
 The memfd stays open only until every host peer has answered; from then on the mappings alone
 keep the memory, and the kernel frees it with the last process that maps it.
@@ -62,6 +64,13 @@ GATHERED = "-all"
 GATHERED_READS = "-reads"
 
 _SUPPORTED_MACHINES = ("x86_64", "amd64")
+
+#: Hosts of at most this many ranks read each other's setup values directly. Through the first
+#: rank, each round costs two round trips one after the other (publish, then read what the first
+#: rank published once it has read everyone), and on a crowded machine each waits for another
+#: process to be scheduled: 64 groups of 4 at 256 ranks on two cores spent most of their setup
+#: so. Read directly, a host of L ranks hands out L(L - 1) values per round: 56 at 8.
+DIRECT_MAX_RANKS = 8
 
 
 def host_identity() -> str:
@@ -321,17 +330,24 @@ def _gather_host(
 ) -> list[bytes]:
     """Publish ``value`` under ``key`` and return every host rank's value, in ``local`` order.
 
-    The host's first rank reads the others' values (one multi_get, which waits for them) and
-    publishes them, with its own, as one (``key`` for rank "<first>" + :data:`GATHERED`); the
-    others read that one value. The first rank's own value never goes through the store.
-    Nothing is deleted here: :func:`_forget_rounds` deletes both rounds' keys at the end, in one
-    request. So a host rank other than the first makes two requests per round, a set and a
-    multi_get; the round trips are what 64 groups of 4 at 256 ranks wait for.
+    On a host of at most :data:`DIRECT_MAX_RANKS` ranks every rank reads the others' values
+    itself (one multi_get, which waits for them). On a larger host the first rank reads the
+    others' values and publishes them, with its own, as one (``key`` for rank "<first>" +
+    :data:`GATHERED`); the others read that one value, and the first rank's own value never
+    goes through the store. Either way a rank makes two requests per round (a set and a
+    multi_get, or the first rank's multi_get and set). Nothing is deleted here:
+    :func:`_forget_rounds` deletes both rounds' keys at the end, in one request.
 
     Raises:
         CollsTimeoutError: not every host rank published in time (names those that did not).
     """
     leader = local[0]
+    if len(local) <= DIRECT_MAX_RANKS:
+        store.set(key.format(rank=rank), value)
+        values = _read_keys(store, key, [r for r in local if r != rank], deadline, rank, group,
+                            "shared-memory setup")
+        values.insert(local.index(rank), value)
+        return values
     if rank == leader:
         values = [value, *_read_keys(store, key, local[1:], deadline, rank, group,
                                      "shared-memory setup")]
@@ -359,19 +375,23 @@ def _forget_rounds(store: Store, keys: Sequence[str], local: tuple[int, ...], ra
     """Delete the setup rounds' keys once every host rank has read them.
 
     ``keys``: each round's key pattern (:func:`_gather_host`'s ``key``), the last round's
-    last. The host's other ranks count themselves out once they have read the last round's
-    combined value; the last of them deletes every rank's values, the combined values and the
-    count, in one request. Every one of them has read the earlier rounds' values by then, and the
-    first rank read theirs before it published. A later group of the same name on the same store
+    last. The ranks that read the last round's values from the store (every host rank on a
+    small host, the others than the first on a large one) count themselves out once they have;
+    the last of them deletes every value published, the combined values if any, and the count,
+    in one request. Every host rank has read the earlier rounds' values by then: it published
+    its last-round value after reading them. A later group of the same name on the same store
     never reads these keys.
     """
-    if rank == local[0]:
+    direct = len(local) <= DIRECT_MAX_RANKS
+    readers = local if direct else local[1:]
+    if rank not in readers:
         return
     done = keys[-1].format(rank=f"{local[0]}{GATHERED_READS}")
-    if store.add(done, 1) == len(local) - 1:
-        stale = [key.format(rank=r) for key in keys for r in local[1:]]
+    if store.add(done, 1) == len(readers):
+        stale = [key.format(rank=r) for key in keys for r in readers]
+        combined = [] if direct else [_gathered(key, local) for key in keys]
         with contextlib.suppress(Exception):
-            store.delete_keys([*stale, *(_gathered(key, local) for key in keys), done])
+            store.delete_keys([*stale, *combined, done])
 
 
 def _pack(values: list[bytes]) -> bytes:

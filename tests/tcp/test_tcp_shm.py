@@ -89,9 +89,14 @@ def test_a_second_group_on_the_same_store_and_name_sets_up_afresh(group):
     np.testing.assert_array_equal(arrays[0], np.full(5, 3.0))
 
 
-@pytest.mark.parametrize("world", [2, 5])
-def test_the_shared_memory_setup_leaves_no_key_behind(group, world):
-    """Both rounds' keys go, in one request by the last host rank to read (not one each)."""
+@pytest.mark.parametrize(("world", "direct_max"), [(2, None), (5, None), (5, 4)])
+def test_the_shared_memory_setup_leaves_no_key_behind(group, world, direct_max, monkeypatch):
+    """Both rounds' keys go, in one request by the last host rank to read (not one each), on a
+    host small enough to read its values directly and on one that gathers them through its
+    first rank."""
+    if direct_max is not None:
+        monkeypatch.setattr(shm_setup, "DIRECT_MAX_RANKS", direct_max)
+    direct = world <= shm_setup.DIRECT_MAX_RANKS
     store = HashStore()
     deletes: list[int] = []
     delete_keys = store._delete_keys  # what the group's PrefixStore calls
@@ -104,8 +109,10 @@ def test_the_shared_memory_setup_leaves_no_key_behind(group, world):
     backends = group(world, store=store, name="tidy")
     assert all(b.uses_shm for b in backends)
     # one delete of the host identities, one of the map, one of both shared-memory rounds:
-    # each rank's info and answer but the first rank's, both combined values and the count
-    assert sorted(deletes) == sorted([world - 1, 2, 2 * (world - 1) + 3])
+    # directly read, each rank's info and answer and the count; gathered, each rank's but the
+    # first rank's, both combined values and the count
+    rounds = 2 * world + 1 if direct else 2 * (world - 1) + 3
+    assert sorted(deletes) == sorted([world - 1, 2, rounds])
     leftover = [k for k in store._data if "tcp/host" in k or "tcp/shm" in k]
     assert leftover == [], leftover
 
@@ -313,6 +320,33 @@ def test_a_waiter_that_spins_and_yields_still_times_out_or_reports_a_dead_peer(s
             group.wait_all(1, "barrier (shm)")
         segments[1].ctrl[shm._W_SEQ] = 1  # rank 1 posts its phase: the wait returns at once
         group.wait_all(1, "barrier (shm)")
+    finally:
+        group.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("oversubscribed", [False, True])
+def test_polling_starts_short_when_ranks_outnumber_cores_and_shrinks_after_blocking(
+        shm_path, oversubscribed, monkeypatch):
+    """Where every rank has a core a waiter polls up to YIELD_SECONDS_MAX at first; where ranks
+    outnumber cores, YIELD_SECONDS_OVERSUBSCRIBED (the ranks it waits for may be working on
+    the cores it would take). Waits that end blocked halve the budget down to the floor."""
+    monkeypatch.setattr(shm, "every_rank_has_a_core", lambda ranks: not oversubscribed)
+    group, segments = _two_rank_group(timeout=30.0)
+    floor = shm.YIELD_SECONDS_OVERSUBSCRIBED if oversubscribed else shm.YIELD_SECONDS_MIN
+    start = floor if oversubscribed else shm.YIELD_SECONDS_MAX
+    try:
+        assert group._yield_budget == start
+        budgets = []
+        for phase in range(1, 4):  # rank 1 posts long after the budget: every wait blocks
+            poster = threading.Timer(
+                start + 0.2, lambda p=phase: segments[1].ctrl.__setitem__(shm._W_SEQ, p))
+            poster.start()
+            group.wait_all(phase, "barrier (shm)")
+            poster.join()
+            budgets.append(group._yield_budget)
+        expected = [max(floor, start / 2 ** k) for k in (1, 2, 3)]
+        assert budgets == pytest.approx(expected)
     finally:
         group.close()
 
