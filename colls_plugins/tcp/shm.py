@@ -85,7 +85,7 @@ from typing import Any
 
 import numpy as np
 
-from colls.backend import every_rank_has_a_core
+from colls.backend import available_cores, every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
 from colls.fingerprint import describe_tag_conflict
 from colls_plugins.tcp import shm_native
@@ -130,12 +130,16 @@ SPIN_ITERATION_SECONDS = 1e-6
 #: while polling.
 YIELD_SECONDS_MAX = 0.02
 YIELD_SECONDS_MIN = 0.005
-#: Where the budget starts, and its floor, when the host's ranks outnumber its cores. Polling
-#: ranks then take turns on the cores with the ranks they wait for; while those work (a group's
-#: setup, a rank's own computation) rather than post, the polling only steals their time. At
-#: 256 ranks on two cores, waiters polling 5-20 ms each left half the machine's time in system
-#: calls. Waits that end while polling (collectives back to back) still grow the budget.
-YIELD_SECONDS_OVERSUBSCRIBED = 0.0005
+#: Where the budget starts, and its floor, on a crowded host: more than CROWDED_RANKS_PER_CORE
+#: ranks per core. Polling ranks take turns on the cores with the ranks they wait for; while those
+#: work (a group's setup, a rank's own computation) rather than post, the polling only steals
+#: their time. At 256 ranks on two cores, waiters polling 5-20 ms each left half the machine's
+#: time in system calls. Waits that end while polling (collectives back to back) still grow the
+#: budget. A host with a few ranks per core keeps the longer budget: there a peer that was
+#: descheduled posts within a time slice, and a short budget made 4 ranks on 2 cores block
+#: (and pay the wake-up) often enough to slow an 8-byte all_reduce by a third.
+YIELD_SECONDS_CROWDED = 0.0005
+CROWDED_RANKS_PER_CORE = 8
 #: Longest single block on the wake-up socket before re-checking counters, peers and timeout,
 #: at first; every full re-check doubles it, up to BLOCK_SLICE_MAX_SECONDS (a long wait then
 #: costs a few wake-ups a second, and a dead peer is still seen within that bound).
@@ -340,12 +344,12 @@ class ShmGroup:
         self._spin = not same_process
         #: Whether a peer runs in this process (ranks on threads: never spin, it holds the GIL).
         self.same_process = same_process
-        # With more ranks than cores, a pure spin only burns the time slice a peer needs, and
-        # polling starts short (YIELD_SECONDS_OVERSUBSCRIBED).
-        has_cores = every_rank_has_a_core(self.size)
-        self._spin_iterations = SPIN_ITERATIONS if has_cores else 0
-        self._yield_floor = YIELD_SECONDS_MIN if has_cores else YIELD_SECONDS_OVERSUBSCRIBED
-        self._yield_budget = YIELD_SECONDS_MAX if has_cores else self._yield_floor
+        # With more ranks than cores, a pure spin only burns the time slice a peer needs; on a
+        # crowded host polling starts short too (YIELD_SECONDS_CROWDED).
+        self._spin_iterations = SPIN_ITERATIONS if every_rank_has_a_core(self.size) else 0
+        crowded = self.size > CROWDED_RANKS_PER_CORE * available_cores()
+        self._yield_floor = YIELD_SECONDS_CROWDED if crowded else YIELD_SECONDS_MIN
+        self._yield_budget = YIELD_SECONDS_CROWDED if crowded else YIELD_SECONDS_MAX
         self._peer_error = peer_error
         self._fence_lock = threading.Lock()
         self._p2p_lock = threading.Lock()  # guards this process's count of p2p sleepers

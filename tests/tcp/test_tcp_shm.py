@@ -325,16 +325,18 @@ def test_a_waiter_that_spins_and_yields_still_times_out_or_reports_a_dead_peer(s
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("oversubscribed", [False, True])
-def test_polling_starts_short_when_ranks_outnumber_cores_and_shrinks_after_blocking(
-        shm_path, oversubscribed, monkeypatch):
-    """Where every rank has a core a waiter polls up to YIELD_SECONDS_MAX at first; where ranks
-    outnumber cores, YIELD_SECONDS_OVERSUBSCRIBED (the ranks it waits for may be working on
+@pytest.mark.parametrize("crowded", [False, True])
+def test_polling_starts_short_on_a_crowded_host_and_shrinks_after_blocking(
+        shm_path, crowded, monkeypatch):
+    """With a few ranks per core a waiter polls up to YIELD_SECONDS_MAX at first; with more
+    than CROWDED_RANKS_PER_CORE, YIELD_SECONDS_CROWDED (the ranks it waits for may be working on
     the cores it would take). Waits that end blocked halve the budget down to the floor."""
-    monkeypatch.setattr(shm, "every_rank_has_a_core", lambda ranks: not oversubscribed)
+    cores = 1 if crowded else 2  # the group has two ranks: 2 per core is not crowded
+    monkeypatch.setattr(shm, "available_cores", lambda: cores)
+    monkeypatch.setattr(shm, "CROWDED_RANKS_PER_CORE", 1)
     group, segments = _two_rank_group(timeout=30.0)
-    floor = shm.YIELD_SECONDS_OVERSUBSCRIBED if oversubscribed else shm.YIELD_SECONDS_MIN
-    start = floor if oversubscribed else shm.YIELD_SECONDS_MAX
+    floor = shm.YIELD_SECONDS_CROWDED if crowded else shm.YIELD_SECONDS_MIN
+    start = floor if crowded else shm.YIELD_SECONDS_MAX
     try:
         assert group._yield_budget == start
         budgets = []
