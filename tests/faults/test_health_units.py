@@ -246,6 +246,25 @@ def test_a_dead_peer_breaks_every_group_that_contains_it():
         master.close()
 
 
+def _held_on_the_watcher_thread(monkeypatch, method: str) -> tuple[threading.Event,
+                                                                    threading.Event]:
+    """Make the watcher thread stop in ``_Watcher.<method>`` until released; other threads (a
+    catch-up) run it at once. Returns (the thread is held, release it)."""
+    from colls import health as health_module
+
+    holds, release = threading.Event(), threading.Event()
+    original = getattr(health_module._Watcher, method)
+
+    def held(self, argument):
+        if threading.current_thread().name == "colls-health":
+            holds.set()
+            release.wait(WAIT)
+        original(self, argument)
+
+    monkeypatch.setattr(health_module._Watcher, method, held)
+    return holds, release
+
+
 @pytest.fixture
 def record_held(monkeypatch):
     """Rank 0 of a group on two stores fails a collective and records why; rank 1's watcher
@@ -254,18 +273,7 @@ def record_held(monkeypatch):
     That is the window in which a peer has left over a recorded failure and this rank has not
     learnt it from its watcher yet.
     """
-    from colls import health as health_module
-
-    holds, release = threading.Event(), threading.Event()
-    apply_record = health_module._Watcher._apply
-
-    def slow_apply(self, record):
-        if threading.current_thread().name == "colls-health":
-            holds.set()
-            release.wait(WAIT)
-        apply_record(self, record)
-
-    monkeypatch.setattr(health_module._Watcher, "_apply", slow_apply)
+    holds, release = _held_on_the_watcher_thread(monkeypatch, "_apply")
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
     client = TCPStore("127.0.0.1", master.port, timeout=30)
     try:
@@ -311,18 +319,7 @@ def store_loss_unseen(monkeypatch):
     That is the window in which a peer (breaking its own groups over the same loss) leaves and
     this rank sees it leave before its watcher has reported the store lost.
     """
-    from colls import health as health_module
-
-    holds, release = threading.Event(), threading.Event()
-    store_lost = health_module._Watcher._store_lost
-
-    def slow_store_lost(self, exc):
-        if threading.current_thread().name == "colls-health":
-            holds.set()
-            release.wait(WAIT)
-        store_lost(self, exc)
-
-    monkeypatch.setattr(health_module._Watcher, "_store_lost", slow_store_lost)
+    holds, release = _held_on_the_watcher_thread(monkeypatch, "_store_lost")
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=30)
     client = TCPStore("127.0.0.1", master.port, timeout=30)
     try:
