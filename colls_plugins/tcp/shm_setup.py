@@ -342,7 +342,7 @@ def _gather_host(
         CollsTimeoutError: not every host rank published in time (names those that did not).
     """
     leader = local[0]
-    if len(local) <= DIRECT_MAX_RANKS:
+    if _reads_directly(local):
         store.set(key.format(rank=rank), value)
         values = _read_keys(store, key, [r for r in local if r != rank], deadline, rank, group,
                             "shared-memory setup")
@@ -366,6 +366,11 @@ def _gather_host(
     return _unpack(packed)
 
 
+def _reads_directly(local: tuple[int, ...]) -> bool:
+    """Whether the ranks of host ``local`` read each other's values (else through the first)."""
+    return len(local) <= DIRECT_MAX_RANKS
+
+
 def _gathered(key: str, local: tuple[int, ...]) -> str:
     """The key under which the host's first rank publishes a round's values (``key``'s)."""
     return key.format(rank=f"{local[0]}{GATHERED}")
@@ -382,7 +387,7 @@ def _forget_rounds(store: Store, keys: Sequence[str], local: tuple[int, ...], ra
     its last-round value after reading them. A later group of the same name on the same store
     never reads these keys.
     """
-    direct = len(local) <= DIRECT_MAX_RANKS
+    direct = _reads_directly(local)
     readers = local if direct else local[1:]
     if rank not in readers:
         return
