@@ -22,6 +22,7 @@ import pytest
 import colls
 from colls import _dispatch, _fast_path, fingerprint, plugin_manager
 from colls.backend import Backend, BackendSpec
+from colls.errors import BackendError, NetworkError
 from colls.hookspecs import hookimpl
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls.testing.arrays import CtypesDLPackArray
@@ -378,3 +379,37 @@ def test_plans_start_over_past_the_cap(world, monkeypatch) -> None:
     assert 1 <= plans.count <= 4
     assert general == []
     assert len({_signature(c[3]) for c in backend.calls}) == 10  # each shape signs its tag
+
+
+@pytest.mark.parametrize("op", ["send", "recv"])
+@pytest.mark.parametrize("group", [None, "WORLD"])
+def test_a_send_or_recv_that_loses_its_peer_raises_the_groups_cause_on_both_paths(
+        world, monkeypatch, op, group) -> None:
+    """The peer left because the group broke meanwhile (here: the store host died): the call
+    raises the group's error, naming that cause, with the transport's error as its cause."""
+    backend, _general = world
+    pg = _dispatch.default_group()
+    lost = NetworkError("tcp: connection to rank 1 lost: peer closed its backend")
+
+    def store_host_died() -> None:
+        pg.health.store_lost("TCPStore 127.0.0.1:29500", ConnectionResetError("reset"))
+
+    def peer_gone(*args: Any) -> Any:
+        store_host_died()
+        raise lost
+
+    def peer_gone_work(*args: Any) -> Work:
+        store_host_died()
+        return Work.failed(lost)
+
+    for name in ("send", "recv"):
+        monkeypatch.setattr(backend, name, peer_gone)
+    for name in ("isend", "irecv"):
+        monkeypatch.setattr(backend, name, peer_gone_work)
+    call = colls.send if op == "send" else colls.recv
+    with pytest.raises(BackendError) as info:
+        call(np.zeros(4, np.float32), 1, group=colls.group.WORLD if group else None)
+    message = str(info.value)
+    assert message.startswith(f"{op}: colls: group ") and "is broken" in message, message
+    assert "hosted by world rank 0, which probably died" in message, message
+    assert info.value.__cause__ is lost
