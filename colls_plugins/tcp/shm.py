@@ -135,9 +135,9 @@ YIELD_SECONDS_MIN = 0.005
 #: work (a group's setup, a rank's own computation) rather than post, the polling only steals
 #: their time. At 256 ranks on two cores, waiters polling 5-20 ms each left half the machine's
 #: time in system calls. Waits that end while polling (collectives back to back) still grow the
-#: budget. A host with a few ranks per core keeps the longer budget, where the short one showed
-#: no gain (startup and group setup gained from 32 ranks on two cores up) and a descheduled
-#: peer posts within a time slice.
+#: budget. A host with a few ranks per core keeps the longer budget: there a descheduled peer
+#: posts within a time slice, and polling less showed no gain (at 16 ranks on two cores, none;
+#: from 32 up, startup and group setup gained, measured with no polling at all).
 YIELD_SECONDS_CROWDED = 0.0005
 CROWDED_RANKS_PER_CORE = 8
 #: Longest single block on the wake-up socket before re-checking counters, peers and timeout,
