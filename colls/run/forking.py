@@ -83,6 +83,7 @@ PRELOAD_MODULES: tuple[str, ...] = (
     "numpy",
     "importlib.metadata",  # plugin discovery reads the entry points with it
     "encodings.idna",  # host names passed to socket functions are encoded with it
+    "pkgutil",  # runpy.run_path imports it for every script: 1 ms and 300 page faults a worker
     "colls.lifecycle",  # init_process_group: _dispatch, buffers, plugin_manager, health, pluggy
     "colls.collectives",
     "colls.rendezvous",
@@ -246,7 +247,7 @@ def fork_worker(
     return ForkedProcess(pid, args, stdout, stderr)
 
 
-def _fork() -> tuple[int, set[signal.Signals]]:
+def _fork() -> tuple[int, set[int]]:
     """Fork with the launcher's handled signals blocked; return the pid and the mask to restore.
 
     Blocked, a signal sent to the child before it has put back a fresh interpreter's handlers
@@ -254,14 +255,14 @@ def _fork() -> tuple[int, set[signal.Signals]]:
     """
     _flush_std_streams()  # a buffered byte would otherwise be written twice, once by each process
     handled = _python_handled_signals()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, handled)
     try:
         pid = os.fork()
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
         raise
     if pid != 0:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
     return pid, mask
 
 
@@ -275,7 +276,7 @@ def _python_handled_signals() -> list[int]:
 
 
 def _child_main(
-    worker_argv: list[str], env: Mapping[str, str], out_fds: list[int], mask: set[signal.Signals]
+    worker_argv: list[str], env: Mapping[str, str], out_fds: list[int], mask: set[int]
 ) -> NoReturn:
     """Become the worker, run it, and end the process; never return into the launcher's frames."""
     try:
@@ -290,11 +291,11 @@ def _child_main(
         os._exit(EXIT_SETUP_FAILED)  # reached only if the above raised: never unwind further
 
 
-def _become_worker(env: Mapping[str, str], out_fds: list[int], mask: set[signal.Signals]) -> None:
+def _become_worker(env: Mapping[str, str], out_fds: list[int], mask: set[int]) -> None:
     """Turn the forked launcher into what a freshly exec'd worker would be (hazards 1 to 5)."""
     os.setsid()  # own session and process group, as Popen(start_new_session=True)
     _restore_fresh_signal_handlers()
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
     _set_up_std_streams(out_fds)
     # Only what differs from the launcher's environment, inherited already: a write is a
     # putenv, and the whole environment cost a worker most of a millisecond.

@@ -62,9 +62,10 @@ typedef struct {
     Py_ssize_t *scratch; /* ranks being polled, copied out before the GIL is released */
     int busy;            /* a poll runs without the GIL: close() must not release the buffers */
     int closed;
-    /* point-to-point rings (set by rings(); ring_bytes 0 until then): pair area q of a
-     * segment starts at pair_base + q * pair_stride, its ring pair_ctrl_bytes later */
-    Py_ssize_t pair_base, pair_stride, pair_ctrl_bytes, ring_bytes, w_p2p_sleep;
+    /* point-to-point rings (set by rings(); ring_bytes 0 until then): the control line of
+     * pair q of a segment is at pair_ctrl_base + q * pair_ctrl_bytes, its ring at
+     * ring_base + q * ring_bytes */
+    Py_ssize_t pair_ctrl_base, pair_ctrl_bytes, ring_base, ring_bytes, w_p2p_sleep;
 } SyncObject;
 
 /* A ring entry's header: tag, payload bytes (RING_SKIP: the rest of the ring is unused),
@@ -477,7 +478,7 @@ static PyObject *Sync_tiny_fold(SyncObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_TRUE;
 }
 
-PyDoc_STRVAR(rings_doc, "rings(pair_base, pair_stride, pair_ctrl_bytes, ring_bytes, p2p_sleep_word)\n\n"
+PyDoc_STRVAR(rings_doc, "rings(pair_ctrl_base, pair_ctrl_bytes, ring_base, ring_bytes, p2p_sleep_word)\n\n"
              "Enable ring_put/ring_take on segments that carry one pair area per host rank.");
 
 static PyObject *Sync_rings(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -491,9 +492,9 @@ static PyObject *Sync_rings(SyncObject *self, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
     }
-    Py_ssize_t end = v[0] + self->size * v[1];
-    if (v[0] < 0 || v[2] < 16 || v[2] % 8 || v[3] < 4 * ENTRY_BYTES || v[3] % 8
-        || v[1] < v[2] + v[3] || v[4] < 0 || v[4] * 8 >= v[0]) {
+    Py_ssize_t end = v[2] + self->size * v[3];
+    if (v[0] < 0 || v[1] < 16 || v[1] % 8 || v[3] < 4 * ENTRY_BYTES || v[3] % 8
+        || v[2] < v[0] + self->size * v[1] || v[4] < 0 || v[4] * 8 >= v[0]) {
         PyErr_SetString(PyExc_ValueError, "tcp shm: ring layout out of range");
         return NULL;
     }
@@ -503,20 +504,21 @@ static PyObject *Sync_rings(SyncObject *self, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
     }
-    self->pair_base = v[0];
-    self->pair_stride = v[1];
-    self->pair_ctrl_bytes = v[2];
+    self->pair_ctrl_base = v[0];
+    self->pair_ctrl_bytes = v[1];
+    self->ring_base = v[2];
     self->ring_bytes = v[3];
     self->w_p2p_sleep = v[4];
     Py_RETURN_NONE;
 }
 
 static inline int64_t *pair_ctrl(SyncObject *self, Py_ssize_t seg, Py_ssize_t q) {
-    return (int64_t *)((char *)self->bufs[seg].buf + self->pair_base + q * self->pair_stride);
+    return (int64_t *)((char *)self->bufs[seg].buf + self->pair_ctrl_base
+                       + q * self->pair_ctrl_bytes);
 }
 
 static inline char *pair_ring(SyncObject *self, Py_ssize_t seg, Py_ssize_t q) {
-    return (char *)pair_ctrl(self, seg, q) + self->pair_ctrl_bytes;
+    return (char *)self->bufs[seg].buf + self->ring_base + q * self->ring_bytes;
 }
 
 static inline int64_t entry_size(int64_t nbytes) {

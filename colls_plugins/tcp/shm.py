@@ -16,15 +16,22 @@ another host, ``COLLS_SHM=0`` on some rank, no ``/proc``, a token that does not 
 group on TCP.
 
 A segment is a 4 KiB control page followed by ``SLOTS`` data slots of ``slot_bytes`` each, then
-(for point-to-point, :mod:`colls_plugins.tcp.shm_p2p`) one pair area per host rank ``q``::
+(for point-to-point, :mod:`colls_plugins.tcp.shm_p2p`) a pair of control line and ring per host
+rank ``q``::
 
     control page, int64 words written only by the owner:
       [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
       [17] threads blocked waiting for a point-to-point message   [18] p2p rings attached
       [64 + 8p] stamp of tiny message p (p = 0, 1)   [65 + 8p ... 71 + 8p] its payload (56 bytes)
-    pair area q (P2P_CTRL_BYTES + P2P_RING_BYTES, the owner's own index unused):
+    pair control lines, one per host rank q (P2P_CTRL_BYTES each, the owner's own unused),
+    together, padded to a page:
       [0] head: bytes written into the ring to q   [1] consumed: bytes read of q's ring to the owner
-      then the ring of messages to q
+    then one ring of messages per host rank q (P2P_RING_BYTES each)
+
+The control lines sit together, away from the rings: a rank's engine reads every host peer's
+line to it and its own line to each, whenever it looks for news. Kept each at the head of its
+ring, they were one page per pair: at 256 ranks, 510 page faults per rank and 255 pages of
+shared memory allocated in every segment before any message moved.
 
 **Tiny messages** (an all_reduce of at most :data:`TINY_BYTES`,
 :mod:`colls_plugins.tcp.shm_tiny`) skip the slots: the stamp and the payload share one cache line
@@ -148,7 +155,7 @@ BLOCK_SLICE_MAX_SECONDS = 0.1
 #: Most wake-up datagrams one sleep reads. One is enough to wake; the rest only empty the queue,
 #: and any left over just end the next sleep early (a re-check, never a lost wake-up).
 WAKE_DRAIN_MAX = 8
-#: Bytes of the control line that starts each point-to-point pair area (head and consumed).
+#: Bytes of the control line of each point-to-point pair (head and consumed; one cache line).
 P2P_CTRL_BYTES = 64
 #: Bytes of the message ring to one host peer. Pages are only backed once written, so the area
 #: costs memory only for the pairs that exchange messages.
@@ -159,6 +166,11 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 #: CPython's mmap keeps a duplicate of the file descriptor it maps unless told not to (Python
 #: 3.13+): without this, every mapped peer segment holds one descriptor for the group's life.
 _UNTRACKED_FD: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
+def _pair_ctrl_area(ranks: int) -> int:
+    """Return the bytes of ``ranks`` pair control lines, padded to whole pages."""
+    return -(-ranks * P2P_CTRL_BYTES // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 class Segment:
@@ -204,25 +216,28 @@ class Segment:
         if views is None:
             if not 0 <= q < self.ranks:
                 raise IndexError(f"tcp shm: no pair area {q} (segment has {self.ranks})")
-            base, stride = self.pair_layout()
-            start = base + q * stride
+            ctrl_base, ring_base = self.pair_layout()
+            ctrl = ctrl_base + q * P2P_CTRL_BYTES
+            ring = ring_base + q * P2P_RING_BYTES
             raw = memoryview(self.mm)
             views = (
-                raw[start : start + P2P_CTRL_BYTES].cast("q"),
-                raw[start + P2P_CTRL_BYTES : start + P2P_CTRL_BYTES + P2P_RING_BYTES],
+                raw[ctrl : ctrl + P2P_CTRL_BYTES].cast("q"),
+                raw[ring : ring + P2P_RING_BYTES],
             )
             raw.release()
             self._pairs[q] = views
         return views
 
     def pair_layout(self) -> tuple[int, int]:
-        """Return where pair area 0 starts and the bytes from one pair area to the next."""
-        return CTRL_BYTES + SLOTS * self.slot_bytes, P2P_CTRL_BYTES + P2P_RING_BYTES
+        """Return where the control line of pair 0 starts, and where its ring starts."""
+        ctrl_base = CTRL_BYTES + SLOTS * self.slot_bytes
+        return ctrl_base, ctrl_base + _pair_ctrl_area(self.ranks)
 
     @staticmethod
     def size_for(slot_bytes: int, ranks: int = 0) -> int:
         """Return the bytes of a segment with slots of ``slot_bytes`` and ``ranks`` pair areas."""
-        return CTRL_BYTES + SLOTS * slot_bytes + ranks * (P2P_CTRL_BYTES + P2P_RING_BYTES)
+        return (CTRL_BYTES + SLOTS * slot_bytes + _pair_ctrl_area(ranks)
+                + ranks * P2P_RING_BYTES)
 
     @classmethod
     def create(cls, slot_bytes: int, token: int, ranks: int = 0) -> Segment:
@@ -370,8 +385,9 @@ class ShmGroup:
         #: pure Python, or segments without pair areas.
         self.native_rings = None
         if self.native is not None and all(seg.ranks == self.size for seg in segments):
-            base, stride = segments[0].pair_layout()
-            self.native.rings(base, stride, P2P_CTRL_BYTES, P2P_RING_BYTES, _W_P2P_SLEEP)
+            ctrl_base, ring_base = segments[0].pair_layout()
+            self.native.rings(ctrl_base, P2P_CTRL_BYTES, ring_base, P2P_RING_BYTES,
+                              _W_P2P_SLEEP)
             self.native_rings = self.native
         if self.native is not None:
             self.post = self._post_native  # type: ignore[method-assign]
