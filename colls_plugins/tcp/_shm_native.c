@@ -751,7 +751,7 @@ PyMODINIT_FUNC PyInit__shm_native(void) {
     }
     /* colls_plugins/tcp/shm_native.py refuses a build whose interface is not the one it
      * expects (an editable install whose .so predates a change to this file). */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 3) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 4) < 0) {
         Py_DECREF(m);
         return NULL;
     }
