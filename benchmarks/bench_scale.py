@@ -22,12 +22,10 @@ log-log axes with N and N log N guides (matplotlib: the ``bench`` extra).
 from __future__ import annotations
 
 import argparse
-import compileall
 import importlib.util
 import json
 import math
 import os
-import py_compile
 import resource
 import subprocess
 import sys
@@ -179,6 +177,9 @@ def _launch(command: list[str], env: dict[str, str]) -> dict:
 
 def drive(args: argparse.Namespace) -> list[dict]:
     """Launch each size with colls-run (and mpiexec for --mpi); print and return the figures."""
+    import compileall  # here, not at the top: every rank imports this module
+    import py_compile
+
     env = dict(os.environ)
     figures = []
     here = Path(__file__).resolve()

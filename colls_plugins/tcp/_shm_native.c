@@ -12,7 +12,9 @@
  *              NumPy's result for float32/float64/int32/int64 sums and products;
  *   rings      write one point-to-point ring entry and publish it (Sync.ring_put), take the next
  *              entry of a peer's ring into a receive buffer (Sync.ring_take): the steps of
- *              colls_plugins/tcp/shm_p2p.py's Channel, whose Python code stays the fallback.
+ *              colls_plugins/tcp/shm_p2p.py's Channel, whose Python code stays the fallback;
+ *   mapping    map a peer's segment read-only without keeping its descriptor (map_read_only):
+ *              CPython's mmap keeps a duplicate of it before Python 3.13, one per host peer.
  *
  * The word offsets come from shm.py through the constructor, so the layout has one source. The
  * pure-Python path (colls_plugins/tcp/shm.py) does the same steps and stays the fallback; the
@@ -22,9 +24,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -734,15 +738,152 @@ static PyTypeObject SyncType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ---- A read-only mapping that holds no descriptor ------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    char *addr;          /* NULL once closed */
+    Py_ssize_t size;
+    Py_ssize_t exports;  /* buffers handed out and not yet released: close() refuses while > 0 */
+} MappingObject;
+
+static int Mapping_getbuffer(MappingObject *self, Py_buffer *view, int flags) {
+    if (self->addr == NULL) {
+        PyErr_SetString(PyExc_ValueError, "tcp shm: mapping closed");
+        return -1;
+    }
+    /* read-only: a request for a writable buffer raises BufferError */
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->addr, self->size, 1, flags) < 0) {
+        return -1;
+    }
+    self->exports++;
+    return 0;
+}
+
+static void Mapping_releasebuffer(MappingObject *self, Py_buffer *Py_UNUSED(view)) {
+    self->exports--;
+}
+
+static PyBufferProcs Mapping_as_buffer = {
+    .bf_getbuffer = (getbufferproc)Mapping_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)Mapping_releasebuffer,
+};
+
+PyDoc_STRVAR(Mapping_close_doc,
+             "close()\n\nUnmap; BufferError while a view of it is alive (as mmap.mmap.close).");
+
+static PyObject *Mapping_close(MappingObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->exports > 0) {
+        PyErr_SetString(PyExc_BufferError, "cannot close exported pointers exist");
+        return NULL;
+    }
+    if (self->addr != NULL) {
+        munmap(self->addr, (size_t)self->size);
+        self->addr = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t Mapping_len(MappingObject *self) {
+    return self->size;
+}
+
+static PyObject *Mapping_get_closed(MappingObject *self, void *Py_UNUSED(closure)) {
+    return PyBool_FromLong(self->addr == NULL);
+}
+
+static void Mapping_dealloc(MappingObject *self) {
+    if (self->addr != NULL) {  /* no export can be alive: each holds a reference to us */
+        munmap(self->addr, (size_t)self->size);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Mapping_methods[] = {
+    {"close", (PyCFunction)Mapping_close, METH_NOARGS, Mapping_close_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Mapping_getset[] = {
+    {"closed", (getter)Mapping_get_closed, NULL, "Whether it is unmapped.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods Mapping_as_sequence = {
+    .sq_length = (lenfunc)Mapping_len,
+};
+
+static PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "colls_plugins.tcp._shm_native.Mapping",
+    .tp_basicsize = sizeof(MappingObject),
+    .tp_dealloc = (destructor)Mapping_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A read-only shared mapping of a file (made by map_read_only).",
+    .tp_methods = Mapping_methods,
+    .tp_getset = Mapping_getset,
+    .tp_as_buffer = &Mapping_as_buffer,
+    .tp_as_sequence = &Mapping_as_sequence,
+};
+
+PyDoc_STRVAR(map_read_only_doc,
+             "map_read_only(fd, size)\n\n"
+             "Map ``size`` bytes of ``fd`` shared and read-only; the mapping keeps no descriptor,\n"
+             "so the caller may close ``fd`` at once.");
+
+static PyObject *map_read_only(PyObject *Py_UNUSED(module), PyObject *const *args,
+                               Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "map_read_only(fd, size) takes 2 arguments");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "tcp shm: not a file descriptor");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "tcp shm: mapping size must be positive");
+        return NULL;
+    }
+    void *addr = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, (int)fd, 0);
+    if (addr == MAP_FAILED) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    MappingObject *self = PyObject_New(MappingObject, &MappingType);
+    if (self == NULL) {
+        munmap(addr, (size_t)size);
+        return NULL;
+    }
+    self->addr = addr;
+    self->size = size;
+    self->exports = 0;
+    return (PyObject *)self;
+}
+
+static PyMethodDef module_methods[] = {
+    {"map_read_only", (PyCFunction)(void (*)(void))map_read_only, METH_FASTCALL,
+     map_read_only_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "colls_plugins.tcp._shm_native",
     .m_doc = "The compiled hot loop of the tcp backend's shared memory (optional).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__shm_native(void) {
-    if (PyType_Ready(&SyncType) < 0) {
+    if (PyType_Ready(&SyncType) < 0 || PyType_Ready(&MappingType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
@@ -751,7 +892,7 @@ PyMODINIT_FUNC PyInit__shm_native(void) {
     }
     /* colls_plugins/tcp/shm_native.py refuses a build whose interface is not the one it
      * expects (an editable install whose .so predates a change to this file). */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 4) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 5) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -88,6 +88,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -165,6 +166,8 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 #: CPython's mmap keeps a duplicate of the file descriptor it maps unless told not to (Python
 #: 3.13+): without this, every mapped peer segment holds one descriptor for the group's life.
+#: (The compiled piece's map_read_only keeps none on any Python; Segment.open_peer uses it when
+#: it is loaded.)
 _UNTRACKED_FD: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
@@ -257,9 +260,12 @@ class Segment:
         return seg
 
     @classmethod
-    def open_peer(cls, pid: int, fd: int, slot_bytes: int, token: int, ranks: int = 0
-                  ) -> Segment:
+    def open_peer(cls, pid: int, fd: int, slot_bytes: int, token: int, ranks: int = 0, *,
+                  native: ModuleType | None = None) -> Segment:
         """Map a peer's segment read-only through ``/proc/<pid>/fd/<fd>`` and check its stamp.
+
+        ``native``: the compiled piece (:func:`shm_native.load`), whose mapping keeps no
+        descriptor; None maps with :mod:`mmap`, which keeps one before Python 3.13.
 
         Raises:
             OSError: the file cannot be opened or mapped.
@@ -273,7 +279,10 @@ class Segment:
                 raise ValueError(f"segment of pid {pid} has the wrong size (expected {size})")
             if fcntl.fcntl(handle, fcntl.F_GET_SEALS) & SEALS != SEALS:
                 raise ValueError(f"segment of pid {pid} is not sealed against resizing")
-            mm = mmap.mmap(handle, size, prot=mmap.PROT_READ, **_UNTRACKED_FD)
+            if native is not None:
+                mm = native.map_read_only(handle, size)
+            else:
+                mm = mmap.mmap(handle, size, prot=mmap.PROT_READ, **_UNTRACKED_FD)
         finally:
             os.close(handle)
         seg = cls(mm, slot_bytes, ranks=ranks)

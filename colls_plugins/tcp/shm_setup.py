@@ -44,7 +44,7 @@ from colls import env
 from colls.algorithms.hosts import HostMap
 from colls.errors import CollsTimeoutError, StoreTimeoutError
 from colls.lifecycle import WORLD_GROUP_NAME
-from colls_plugins.tcp import _world_hosts
+from colls_plugins.tcp import _world_hosts, shm_native
 from colls_plugins.tcp.shm import MIN_SLOT_BYTES, SLOT_ALIGN, Segment, ShmGroup
 
 if TYPE_CHECKING:
@@ -449,13 +449,15 @@ def _map_peers(
         if p.host != mine.host:
             return None, f"rank {local[index]} is on another host ({p.host.split('/')[0]})"
     segments: list[Segment] = []
+    native = shm_native.load()
     try:
         for index, p in enumerate(peers):
             assert p is not None
             if index == me:
                 segments.append(own)
             else:
-                segments.append(Segment.open_peer(p.pid, p.fd, p.slot_bytes, p.token, len(local)))
+                segments.append(Segment.open_peer(p.pid, p.fd, p.slot_bytes, p.token, len(local),
+                                                  native=native))
     except (OSError, ValueError) as exc:
         for s in segments:
             if s is not own:

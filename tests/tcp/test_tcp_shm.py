@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -22,7 +23,7 @@ from colls.errors import BackendError, CollsTimeoutError
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls.store import HashStore
 from colls.testing.spawn import free_port, spawn
-from colls_plugins.tcp import shm, shm_setup
+from colls_plugins.tcp import shm, shm_native, shm_setup
 
 #: Small slots (4 KiB) so that a few thousand elements take the multi-piece paths.
 SMALL_SLOTS = {"COLLS_SEGMENT_BYTES": "4096"}
@@ -223,23 +224,55 @@ def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast(shm_path):
     assert _mapped_anywhere(segments[0]) == set()
 
 
-def test_segment_is_anonymous_and_peers_map_it_read_only():
+def test_segment_is_anonymous_and_peers_map_it_read_only(shm_path):
+    native = shm_native.load()
     seg = shm.Segment.create(4096, token=1234)
     try:
         assert os.readlink(f"/proc/self/fd/{seg.fd}").startswith("/memfd:colls-tcp-shm")
-        peer = shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=1234)
+        peer = shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=1234, native=native)
         try:
             byte = np.dtype(np.uint8)
             seg.typed(0, byte)[:4] = [1, 2, 3, 4]
             assert list(peer.typed(0, byte)[:4]) == [1, 2, 3, 4]
             with pytest.raises(ValueError):
                 peer.typed(0, byte)[0] = 9
+            with pytest.raises((TypeError, BufferError)):  # no writable view of it either
+                memoryview(peer.mm).cast("q")[0] = 9
+            assert list(seg.typed(0, byte)[:4]) == [1, 2, 3, 4]
         finally:
             peer.close()
         with pytest.raises(ValueError, match="token"):
-            shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=99)
+            shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=99, native=native)
     finally:
         seg.close()
+
+
+def test_a_mapped_peer_segment_holds_no_descriptor_where_it_can(shm_path):
+    """The compiled mapping keeps no descriptor on any Python; mmap keeps one before 3.13.
+
+    A rank of a 256-rank host maps 255 peers: one descriptor each would be 255 per rank.
+    """
+    native = shm_native.load()
+    segments = [shm.Segment.create(4096, token=7, ranks=3) for _ in range(3)]
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        peers = [shm.Segment.open_peer(os.getpid(), s.fd, 4096, token=7, ranks=3, native=native)
+                 for s in segments]
+        held = len(os.listdir("/proc/self/fd")) - before
+        expected = 0 if native is not None or sys.version_info >= (3, 13) else 3
+        assert held == expected
+        for seg, peer in zip(segments, peers, strict=True):
+            seg.pair(1)[0][0] = 12345  # the owner writes, the peer's view sees it
+            assert peer.pair(1)[0][0] == 12345
+            ring = peer.pair(2)[1]
+            with pytest.raises(BufferError):  # a view is alive: the mapping stays
+                peer.mm.close()
+            ring.release()
+        for peer in peers:
+            peer.close()
+    finally:
+        for seg in segments:
+            seg.close()
 
 
 def test_a_segment_is_sealed_against_resizing():
@@ -256,7 +289,7 @@ def test_a_segment_is_sealed_against_resizing():
         seg.close()
 
 
-def test_an_unsealed_segment_is_not_mapped():
+def test_an_unsealed_segment_is_not_mapped(shm_path):
     size = shm.Segment.size_for(4096)
     fd = os.memfd_create("colls-tcp-shm", os.MFD_CLOEXEC)
     try:
@@ -266,7 +299,7 @@ def test_an_unsealed_segment_is_not_mapped():
             words[0], words[1] = 0x434F4C4C5353484D, 1234
             words.release()
         with pytest.raises(ValueError, match=r"segment of pid \d+ is not sealed against resizing"):
-            shm.Segment.open_peer(os.getpid(), fd, 4096, token=1234)
+            shm.Segment.open_peer(os.getpid(), fd, 4096, token=1234, native=shm_native.load())
     finally:
         os.close(fd)
 
