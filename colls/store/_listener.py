@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
 import selectors
 import socket
 import time
@@ -31,6 +32,38 @@ ACCEPT_PAUSE_S = 0.25
 ACCEPT_BATCH = 128
 #: accept errors that mean "no resources now", not "this one connection failed".
 _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+#: Descriptors a store host needs beside its clients' connections: its own rank's sockets, shared
+#: memory and files, and the interpreter's.
+DESCRIPTOR_HEADROOM = 256
+
+
+def make_room_for(clients: int) -> None:
+    """Raise this process's soft limit on open descriptors (RLIMIT_NOFILE) when ``clients``
+    connections, plus :data:`DESCRIPTOR_HEADROOM`, would not fit under it.
+
+    A store host holds one connection per client, so a job of a thousand ranks passes the common
+    soft limit of 1024 and accept fails (EMFILE) with ranks still outside. The soft limit is
+    raised as far as needed, at most to the hard limit, which is the administrator's: a need
+    beyond it is logged, naming both.
+    """
+    needed = clients + DESCRIPTOR_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            logger.warning("TCPStore: cannot raise the open-file limit from %d to %d: %s",
+                           soft, target, exc)
+            return
+    if target < needed:
+        logger.warning(
+            "TCPStore: %d clients need about %d open files, but the hard limit (ulimit -Hn) "
+            "is %d: ranks beyond it wait until they time out; raise it", clients, needed, hard)
 
 
 def format_address(host: str, port: int) -> str:

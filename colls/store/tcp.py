@@ -29,6 +29,7 @@ from colls import auth
 from colls.errors import NetworkError, StoreError, StoreTimeoutError
 from colls.sockets import enable_keepalive
 from colls.store import _wire
+from colls.store._listener import make_room_for
 from colls.store._wire import Command, Status
 from colls.store.base import (
     DEFAULT_TIMEOUT,
@@ -121,6 +122,8 @@ class TCPStore(Store):
         start = time.monotonic()
         try:
             if is_master:
+                if world_size is not None:
+                    make_room_for(world_size)
                 self._server = StoreServer(host_name, port, auth_token=self._token)
                 self._server.start()
                 self._port = self._server.port

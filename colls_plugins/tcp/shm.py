@@ -364,6 +364,11 @@ class ShmGroup:
         self._ctrls = [seg.ctrl for seg in segments]
         self.peers = [r for r in range(self.size) if r != rank]
         self._wake_sock = wake_sock
+        # poll, not select: select() refuses a descriptor numbered 1024 or more (FD_SETSIZE),
+        # which a process holding many connections (a store host at a thousand ranks) reaches.
+        self._wake_poller = select.poll()
+        if wake_sock is not None:
+            self._wake_poller.register(wake_sock, select.POLLIN)
         self._wake_addrs = wake_addrs
         self._spin = not same_process
         #: Whether a peer runs in this process (ranks on threads: never spin, it holds the GIL).
@@ -576,7 +581,7 @@ class ShmGroup:
         if sock is None:
             time.sleep(min(seconds, 0.0005))
             return
-        select.select([sock], [], [], seconds)
+        self._wake_poller.poll(seconds * 1000.0)
         with contextlib.suppress(OSError):  # BlockingIOError: drained
             for _ in range(WAKE_DRAIN_MAX):
                 sock.recv(64)

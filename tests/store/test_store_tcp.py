@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import re
+import resource
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,7 +16,7 @@ import pytest
 from store_testutil import TEST_TIMEOUT_S, free_port
 
 from colls.errors import NetworkError, StoreError, StoreTimeoutError
-from colls.store import TCPStore, _wire
+from colls.store import TCPStore, _listener, _wire
 from colls.store.tcp_server import StoreServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -331,3 +334,34 @@ def test_ipv6_loopback() -> None:
         with TCPStore("::1", store.port, timeout=TEST_TIMEOUT_S) as client:
             client.set("v6", b"ok")
             assert store.get("v6") == b"ok"
+
+
+_MANY_CLIENTS = """
+import resource, sys
+from colls.store import TCPStore
+master = TCPStore("127.0.0.1", 0, world_size=600, is_master=True, wait_for_workers=False,
+                  timeout=30)
+clients = [TCPStore("127.0.0.1", master.port, timeout=30) for _ in range(150)]
+for i, client in enumerate(clients):
+    client.set(f"k{i}", str(i))
+assert [master.get(f"k{i}") for i in range(150)] == [str(i).encode() for i in range(150)]
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_store_host_raises_its_open_file_limit_to_fit_its_clients() -> None:
+    """One connection per rank: a thousand-rank job passes the common soft limit of 1024. Here a
+    soft limit of 128 and 150 clients (300 descriptors: they run in the host's process)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 600 + _listener.DESCRIPTOR_HEADROOM
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"the hard limit on open files here is {hard}, under the {needed} tested")
+
+    def low_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+
+    done = subprocess.run([sys.executable, "-c", _MANY_CLIENTS], preexec_fn=low_soft_limit,
+                          capture_output=True, text=True, timeout=100, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) == needed

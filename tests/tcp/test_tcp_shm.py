@@ -7,6 +7,7 @@ import fcntl
 import mmap
 import multiprocessing
 import os
+import resource
 import signal
 import socket
 import sys
@@ -355,6 +356,35 @@ def test_a_waiter_that_spins_and_yields_still_times_out_or_reports_a_dead_peer(s
         group.wait_all(1, "barrier (shm)")
     finally:
         group.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_waiter_blocks_on_a_wake_socket_numbered_past_fd_setsize(shm_path):
+    """select() refuses descriptors from 1024 (FD_SETSIZE) on; a process holding many sockets
+    (the store host of a thousand-rank job) has its wake-up socket there."""
+    high = 1500
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= high:
+        pytest.skip(f"descriptors are limited to {hard} here: none can be numbered {high}")
+    if soft != resource.RLIM_INFINITY and soft <= high:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (high + 1, hard))
+    mine, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    os.dup2(mine.fileno(), high)
+    mine.close()
+    wake = socket.socket(fileno=high)
+    wake.setblocking(False)
+    segments = [shm.Segment.create(4096, token=7) for _ in range(2)]
+    group = shm.ShmGroup(0, segments, 4096, wake, [None, None], same_process=False,
+                         timeout=0.5, peer_error=lambda r: None)
+    try:
+        other.send(b"\0")  # a wake-up that ends one sleep early: read, then block again
+        with pytest.raises(CollsTimeoutError, match=r"no progress from ranks \[1\]"):
+            group.wait_all(1, "barrier (shm)")
+    finally:
+        group.close()  # closes the wake-up socket
+        other.close()
+        if soft != resource.RLIM_INFINITY and soft <= high:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.timeout(60)
