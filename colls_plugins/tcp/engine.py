@@ -219,8 +219,9 @@ class Engine:
         return self._send_socket(work, view, dst, tag, array)
 
     def _may_write_ring(self, dst: int) -> bool:
-        """Whether a message to host peer ``dst`` may go into its ring (its ``send_lock`` held):
-        not once this engine refuses work or knows ``dst`` gone."""
+        """Whether a message to host peer ``dst`` may go into its ring (its ``send_lock`` held,
+        or the channel :attr:`~Channel.lock_free`): not once this engine refuses work or knows
+        ``dst`` gone."""
         peer = self._peers.get(dst)
         return self._refusal() is None and (peer is None or peer.dead is None)
 
@@ -333,9 +334,13 @@ class Engine:
         """
         channel = self._channels.get(dst)
         if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
-            with channel.send_lock:
+            if channel.lock_free:  # one compiled write (Channel says why no lock is needed)
                 if self._may_write_ring(dst) and channel.try_send(array, tag):
                     return
+            else:
+                with channel.send_lock:
+                    if self._may_write_ring(dst) and channel.try_send(array, tag):
+                        return
         work = self.isend(array, dst, tag)
         if work is not self._delivered:
             work.wait()

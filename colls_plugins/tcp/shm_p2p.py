@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -124,6 +125,11 @@ def entry_bytes(nbytes: int) -> int:
     return ENTRY.size + -(-nbytes // _ALIGN) * _ALIGN
 
 
+#: Whether the compiled ``ring_put`` writes an entry whole with respect to other threads: it
+#: is one C call that never releases the GIL. Not so on a build of Python without one.
+ATOMIC_RING_PUT = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
 class Channel:
     """Both directions between this rank and one host peer: the ring to it and the ring from it.
 
@@ -132,6 +138,12 @@ class Channel:
     receiving by the engine's lock, which also counts the socket messages that arrived. Where
     the compiled piece is built (:attr:`ShmGroup.native_rings`), it does
     :meth:`try_send`'s and :meth:`take`'s steps; the Python ones here are the fallback.
+
+    A blocking send through the compiled piece skips ``send_lock`` (:attr:`lock_free`): its
+    write is one call the GIL keeps whole, and the count of socket messages it carries is
+    read before it. Another thread's socket send may count itself before or after that read;
+    either order is a valid order for two threads' sends, and a thread's own sends keep theirs.
+    The lock costs a quarter of a microsecond, a sixth of an 8-byte ping-pong's half round trip.
     """
 
     def __init__(self, rank: int, group: ShmGroup, me: int, peer: int) -> None:
@@ -144,6 +156,8 @@ class Channel:
         # [0] its head to me, [1] what it consumed of mine; and the ring it writes
         self._in_ctrl, self._in = group.segments[peer].pair(me)
         self.send_lock = threading.Lock()
+        #: Whether a send may write the ring without ``send_lock`` (:attr:`ATOMIC_RING_PUT`).
+        self.lock_free = self._native is not None and ATOMIC_RING_PUT
         self.sockets_sent = 0
         self._open = False  # the peer has attached its rings (seen once, then remembered)
 

@@ -20,7 +20,7 @@ from colls.errors import BackendError, NetworkError
 from colls.options import BackendOptions
 from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
-from colls_plugins.tcp import shm_setup
+from colls_plugins.tcp import shm_p2p, shm_setup
 from colls_plugins.tcp.backend import TcpBackend
 from colls_plugins.tcp.engine import MAX_UNEXPECTED_BYTES
 from colls_plugins.tcp.shm import P2P_RING_BYTES
@@ -371,6 +371,44 @@ def test_blocking_sends_and_receives_stream_through_ring_wraps_and_the_socket(ho
 
     assert _on_threads(run, 2) == [count - 1] * 2
     assert out_channel.head > 2 * P2P_RING_BYTES and out_channel.sockets_sent > 0
+
+
+@pytest.mark.timeout(120)
+def test_threads_sending_to_one_peer_each_keep_their_order_across_ring_and_socket(hosts,
+                                                                                  shm_path):
+    """Blocking sends to a host peer skip the channel's lock on the compiled path
+    (``Channel.lock_free``); three threads of one rank interleave ring-sized and socket-sized
+    messages to the same peer, each on its own tag, and every thread's stream arrives whole and
+    in its order."""
+    a, b = hosts([0, 0])
+    senders, count = 3, 300
+    sizes = [8, INLINE_MAX_BYTES + 1, 100, 40_000, 0, 1000]
+    assert _channel(a, 1).lock_free == (shm_path and shm_p2p.ATOMIC_RING_PUT)
+
+    def message(thread: int, i: int) -> np.ndarray:
+        return np.full(sizes[(i + thread) % len(sizes)], (7 * thread + i) % 251, np.uint8)
+
+    def run(rank: int) -> int:
+        if rank == 0:
+            def send_stream(thread: int) -> None:
+                for i in range(count):
+                    a.send(message(thread, i), 1, 10 + thread)
+
+            _on_threads(send_stream, senders)
+            return 0
+        received = 0
+        for i in range(count):
+            for thread in range(senders):
+                expected = message(thread, i)
+                out = np.full(expected.size, 255, np.uint8)
+                assert b.recv(out, 0, 10 + thread) == 0
+                assert (out == expected).all(), f"thread {thread}'s message {i} differs"
+                received += 1
+        return received
+
+    assert _on_threads(run, 2) == [0, senders * count]
+    channel = _channel(a, 1)
+    assert channel.head > 0 and channel.sockets_sent > 0  # both ways carried messages
 
 
 @pytest.mark.timeout(60)
