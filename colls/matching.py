@@ -236,6 +236,11 @@ class MatchTable:
         """Return whether a posted receive accepts a message ``(src, tag)`` (it takes it first)."""
         return (src, tag) in self._posted_src or tag in self._posted_any
 
+    def empty(self) -> bool:
+        """Return whether no receive is posted and no unexpected message is queued (then a
+        message goes to whoever receives it next: a blocking receive's common case)."""
+        return not (self._posted_src or self._posted_any or self._unexpected)
+
     def queued(self, src: int, tag: int) -> bool:
         """Return whether an unexpected message ``(src, tag)`` is queued (a hint without the
         caller's lock: one dict lookup each, which another thread's change cannot break)."""

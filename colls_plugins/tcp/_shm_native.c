@@ -11,7 +11,8 @@
  *              the stamps and fold every rank's payload in rank order (Sync.tiny_fold), bitwise
  *              NumPy's result for float32/float64/int32/int64 sums and products;
  *   rings      write one point-to-point ring entry and publish it (Sync.ring_put), take the next
- *              entry of a peer's ring into a receive buffer (Sync.ring_take): the steps of
+ *              entry of a peer's ring into a receive buffer (Sync.ring_take), spin until a
+ *              peer's ring has an entry (Sync.ring_wait): the steps of
  *              colls_plugins/tcp/shm_p2p.py's Channel, whose Python code stays the fallback;
  *   mapping    map a peer's segment read-only without keeping its descriptor (map_read_only):
  *              CPython's mmap keeps a duplicate of it before Python 3.13, one per host peer.
@@ -655,6 +656,34 @@ static PyObject *Sync_ring_peek(SyncObject *self, PyObject *const *args, Py_ssiz
                          (long long)header[2]);
 }
 
+PyDoc_STRVAR(ring_wait_doc, "ring_wait(peer, seconds) -> bool\n\n"
+             "Spin (the GIL held) until host rank ``peer``'s ring to this rank holds an entry\n"
+             "not consumed yet, at most ``seconds``: whether it does. Reads only.");
+
+static PyObject *Sync_ring_wait(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t peer = ring_peer(self, args, nargs, 2, "ring_wait");
+    if (peer < 0) {
+        return NULL;
+    }
+    double seconds = PyFloat_AsDouble(args[1]);
+    if (seconds == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    const int64_t *theirs = pair_ctrl(self, peer, self->rank); /* [0]: its head to me */
+    const int64_t *mine = pair_ctrl(self, self->rank, peer);   /* [1]: what I consumed of it */
+    int64_t consumed = mine[1]; /* this rank alone writes it, and not while it waits here */
+    double deadline = now_seconds() + seconds;
+    do {
+        for (int i = 0; i < POLLS_PER_CLOCK; i++) {
+            if (load_acquire(&theirs[0]) != consumed) {
+                Py_RETURN_TRUE;
+            }
+            cpu_relax();
+        }
+    } while (now_seconds() < deadline);
+    return PyBool_FromLong(load_acquire(&theirs[0]) != consumed);
+}
+
 PyDoc_STRVAR(ring_take_doc, "ring_take(peer, buffer, tag, max_before) -> int\n\n"
              "Take the next entry of host rank ``peer``'s ring to this rank into ``buffer``\n"
              "(writable) if it carries ``tag``, fills ``buffer`` exactly and counts at most\n"
@@ -717,6 +746,7 @@ static PyMethodDef Sync_methods[] = {
     {"ring_put", (PyCFunction)(void (*)(void))Sync_ring_put, METH_FASTCALL, ring_put_doc},
     {"ring_peek", (PyCFunction)(void (*)(void))Sync_ring_peek, METH_FASTCALL, ring_peek_doc},
     {"ring_take", (PyCFunction)(void (*)(void))Sync_ring_take, METH_FASTCALL, ring_take_doc},
+    {"ring_wait", (PyCFunction)(void (*)(void))Sync_ring_wait, METH_FASTCALL, ring_wait_doc},
     {"close", (PyCFunction)Sync_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -892,7 +922,7 @@ PyMODINIT_FUNC PyInit__shm_native(void) {
     }
     /* colls_plugins/tcp/shm_native.py refuses a build whose interface is not the one it
      * expects (an editable install whose .so predates a change to this file). */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 5) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 6) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -214,6 +214,21 @@ class Channel:
         """Whether the peer wrote something not consumed yet (no lock needed)."""
         return self._in_ctrl[0] != self._out_ctrl[1]
 
+    def spin_for_news(self, seconds: float) -> bool:
+        """Busy-poll :meth:`has_news` for at most ``seconds``; return it (no lock needed).
+
+        Compiled, the loop reads the peer's word between pauses with the GIL held, and sees a
+        message within tens of nanoseconds: a Python loop around :meth:`has_news` takes a few
+        hundred per look.
+        """
+        if self._native is not None:
+            return self._native.ring_wait(self._index, seconds)
+        until = time.perf_counter() + seconds
+        while not self.has_news():
+            if time.perf_counter() >= until:
+                return False
+        return True
+
     def take(self, data: memoryview | np.ndarray, tag: int, max_before: int) -> bool | None:
         """Copy the next entry into ``data`` and consume it if it is the one a receive takes.
 

@@ -412,6 +412,25 @@ def test_threads_sending_to_one_peer_each_keep_their_order_across_ring_and_socke
 
 
 @pytest.mark.timeout(60)
+def test_spinning_for_news_sees_a_ring_entry_and_gives_up_after_its_time(hosts, shm_path):
+    """A blocking receive spins on the ring first (compiled where built); it only reads."""
+    a, b = hosts([0, 0])
+    incoming = _channel(b, 0)
+    start = time.perf_counter()
+    assert not incoming.spin_for_news(0.02)
+    assert 0.02 <= time.perf_counter() - start < 5
+    a.send(np.arange(2, dtype=np.float32), 1, 3)
+    start = time.perf_counter()
+    assert incoming.spin_for_news(5.0)
+    assert time.perf_counter() - start < 1
+    assert incoming.spin_for_news(0.0)  # still there: spinning consumed nothing
+    out = np.zeros(2, np.float32)
+    assert b.recv(out, 0, 3) == 0
+    assert out.tolist() == [0.0, 1.0]
+    assert not incoming.spin_for_news(0.0)
+
+
+@pytest.mark.timeout(60)
 def test_an_irecv_of_a_message_already_next_returns_a_completed_work(hosts, monkeypatch):
     from colls_plugins.tcp import engine
 
