@@ -263,9 +263,12 @@ def all_gather_into_tensor(output: Any, input: Any) -> bool:
     if not (output.flags.carray and in_flags.c_contiguous and in_flags.aligned
             and output.dtype is input.dtype):
         return False  # staged or refused by the general path
-    owner = _memory_owner(output)
-    if owner is None or owner is _memory_owner(input):
-        return False  # may overlap: the general path compares address ranges
+    if output.base is not None or input.base is not None:  # a view: whose memory is it?
+        owner = _memory_owner(output)
+        if owner is None or owner is _memory_owner(input):
+            return False  # may overlap: the general path compares address ranges
+    elif not (output.flags.owndata and input.flags.owndata):
+        return False  # memory from elsewhere, which may alias: as above
     if not plan.flat:
         output, input = output.reshape(-1), input.reshape(-1)
     return _run(plans, "all_gather_into_tensor", plan, output, input)
