@@ -50,17 +50,24 @@ if c.rank == 0:
 """
 
 
-def _rss_mib() -> tuple[float, float]:
-    """Return this process's resident memory and the part of it not shared with anything, MiB.
+def _rss_mib() -> tuple[float, float, float]:
+    """Return this process's resident memory, the part of it not shared with anything, and its
+    proportional share (PSS), MiB.
 
-    Resident memory counts every page the rank has touched, its host peers' shared-memory pages
-    too (a 256-rank host's first all_reduce reads 255 peers' control and slot pages); the
-    private part is the rank's own.
+    Resident memory counts every page the rank has mapped, its host peers' shared-memory pages
+    too (a 256-rank host's first all_reduce reads 255 peers' control and slot pages, and the
+    kernel maps the pages around each one it faults in); the private part is the rank's own. PSS
+    counts each shared page divided by the processes that map it: what the rank costs the host.
     """
     with open("/proc/self/statm") as statm:
         fields = statm.read().split()
     page = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
-    return int(fields[1]) * page, (int(fields[1]) - int(fields[2])) * page
+    pss = 0.0
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                pss = int(line.split()[1]) / 1024
+    return int(fields[1]) * page, (int(fields[1]) - int(fields[2])) * page, pss
 
 
 def _sockets() -> int:
@@ -107,25 +114,30 @@ def worker(subgroups: int) -> None:
     t2 = time.time()
     if x[0] != colls.get_world_size():
         raise AssertionError(f"all_reduce gave {x[0]}, expected {colls.get_world_size()}")
-    fds = len(os.listdir("/proc/self/fd"))
-    stats = [t1 - t0, t2 - t1, fds, _connections(), *_rss_mib(),
-             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, _sockets()]
+    rss, private, pss = _rss_mib()
+    stats = {"startup": t1 - t0, "all_reduce": t2 - t1, "fds": len(os.listdir("/proc/self/fd")),
+             "connections": _connections(), "rss": rss, "private": private, "pss": pss,
+             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             "sockets": _sockets()}
     size, rank = colls.get_world_size(), colls.get_rank()
     requests = _store_requests()  # before the gather: the setup's requests only
     gathered = [np.zeros(len(stats)) for _ in range(size)]
-    colls.all_gather(gathered, np.array(stats, dtype=np.float64))
+    colls.all_gather(gathered, np.array(list(stats.values()), dtype=np.float64))
     sub = _subgroups(colls, np, subgroups) if subgroups else None
     if rank == 0:
-        a = np.stack(gathered)
+        a = dict(zip(stats, np.stack(gathered).T, strict=True))  # name -> every rank's value
         total = sum(requests.values())
         line = {
-            "ranks": size, "startup_s": a[:, 0].max(), "first_all_reduce_ms": a[:, 1].max() * 1e3,
+            "ranks": size, "startup_s": a["startup"].max(),
+            "first_all_reduce_ms": a["all_reduce"].max() * 1e3,
             # rank 0 also hosts the store server, one socket per client: counted apart
-            "fds_max": int(a[:, 2].max()), "sockets_max": int(a[1:, 7].max(initial=0)),
-            "sockets_rank0": int(a[0, 7]),
-            "connections_max": int(a[:, 3].max()),
-            "rss_mib_median": float(np.median(a[:, 4])),
-            "private_mib_median": float(np.median(a[:, 5])), "maxrss_mib_max": a[:, 6].max(),
+            "fds_max": int(a["fds"].max()), "fds_max_others": int(a["fds"][1:].max(initial=0)),
+            "sockets_max": int(a["sockets"][1:].max(initial=0)),
+            "sockets_rank0": int(a["sockets"][0]),
+            "connections_max": int(a["connections"].max()),
+            "rss_mib_median": float(np.median(a["rss"])),
+            "private_mib_median": float(np.median(a["private"])),
+            "pss_mib_median": float(np.median(a["pss"])), "maxrss_mib_max": a["maxrss"].max(),
             "store_requests": total, "store_requests_per_rank": total / size,
             "store_requests_by_command": requests, "subgroups": sub,
             "load": open("/proc/loadavg").read().split()[:3],
@@ -211,11 +223,12 @@ def _describe(line: dict) -> str:
             f"first 4 KiB all_reduce {line['first_all_reduce_ms']:7.1f} ms  "
             f"fds/rank {line['fds_max']:4d}")
     if line["launcher"] == "colls-run":
-        text += (f" (sockets {line['sockets_max']}, rank 0 {line['sockets_rank0']})"
+        text += (f" (ranks but 0: {line['fds_max_others']}, sockets {line['sockets_max']};"
+                 f" rank 0 sockets {line['sockets_rank0']})"
                  f"  connections {line['connections_max']:3d}"
                  f"  store requests/rank "
                  f"{line['store_requests_per_rank']:5.1f}  RSS {line['rss_mib_median']:.1f} MiB"
-                 f" (private {line['private_mib_median']:.1f})"
+                 f" (private {line['private_mib_median']:.1f}, PSS {line['pss_mib_median']:.1f})"
                  f"  load {' '.join(line['load'])}")
         sub = line.get("subgroups")
         if sub:

@@ -22,7 +22,8 @@ benchmarks/bench_scale.py (one host, 8..256 ranks) and prints the ratio, flaggin
 Startup model, L ranks per host on H hosts (N = H·L), the host's ranks sharing its cores:
 
 * the launcher's own start (Python, NumPy and colls imported once before forking):
-  ``LAUNCHER_S``, 0.45 s here (the first rank starts 0.43 to 0.60 s after colls-run does);
+  ``LAUNCHER_S``, 0.14 s here (the first rank starts 0.13 to 0.20 s after colls-run does, with
+  colls' bytecode cached, on the machine of 2026-12-02; 0.43 to 0.60 s on the earlier one);
 * launch: a preloaded launcher forks each rank, which then runs colls' setup: ``c_launch`` of a
   core per rank (its own store requests included);
 * shared memory: each rank maps its L−1 host peers' segments: ``c_peer`` of a core per pair;
@@ -61,11 +62,11 @@ TRANSPORTS = {
 PER_HOST = 8
 HOSTS = (16, 32, 64, 128, 256, 512, 1024)
 SIZES = {"8 B": 8, "1 MiB": 1 << 20, "256 MiB": 256 << 20}
-#: Startup parameters: fitted by --check; these defaults are a fit to the figures of
-#: docs/benchmarks.md "Scale" (this 2-core host under a load of about 40).
-PARAMS = {"c_launch": 0.0425, "c_peer": 1.54e-4, "t_req": 86e-6, "s_rank": 7.3e-3}
+#: Startup parameters: fitted by --check; these defaults are its fit to the figures of
+#: docs/benchmarks.md "Scale" of 2026-12-02 13:54 (this 2-core host, quiet).
+PARAMS = {"c_launch": 0.0115, "c_peer": 3.3e-5, "t_req": 86e-6, "s_rank": 2.89e-3}
 #: Seconds from starting colls-run to its first fork (see the module docstring).
-LAUNCHER_S = 0.45
+LAUNCHER_S = 0.14
 #: Store requests per rank: the rendezvous, the host map and the tcp address; then the shared-
 #: memory setup's, for a rank that has host peers.
 FIXED_REQUESTS = 9

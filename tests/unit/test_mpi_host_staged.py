@@ -1,6 +1,7 @@
 """The mpi backend's ``host_staged`` decorator: its fixed-arity front and its general path.
 
-No MPI is needed: the decorated methods belong to a stand-in backend.
+No MPI is needed (so it lives with the unit tests): the decorated methods belong to a stand-in
+backend.
 """
 
 from __future__ import annotations
