@@ -23,15 +23,19 @@ rank ``q``::
       [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
       [17] threads blocked waiting for a point-to-point message   [18] p2p rings attached
       [64 + 8p] stamp of tiny message p (p = 0, 1)   [65 + 8p ... 71 + 8p] its payload (56 bytes)
+      bytes from SENT_BYTES: byte q is 1 once the owner has written to its ring to host rank q
     pair control lines, one per host rank q (P2P_CTRL_BYTES each, the owner's own unused),
     together, padded to a page:
       [0] head: bytes written into the ring to q   [1] consumed: bytes read of q's ring to the owner
     then one ring of messages per host rank q (P2P_RING_BYTES each)
 
-The control lines sit together, away from the rings: a rank's engine reads every host peer's
-line to it and its own line to each, whenever it looks for news. Kept each at the head of its
-ring, they were one page per pair: at 256 ranks, 510 page faults per rank and 255 pages of
-shared memory allocated in every segment before any message moved.
+The control lines sit together, away from the rings: a rank's engine reads its own line to
+each host peer whenever it looks for news. Kept each at the head of its ring, they were one page
+per pair: at 256 ranks, 510 page faults per rank and 255 pages of shared memory allocated in
+every segment before any message moved. A peer's line to this rank is read only once the peer
+has said, by its byte in its control page (:meth:`ShmGroup.announce_sender`), that it writes to
+this rank at all: reading all of them made every rank map the pages of every peer's lines (3.6
+MiB of resident memory per rank at 256 ranks, with the pages the kernel maps around each fault).
 
 **Tiny messages** (an all_reduce of at most :data:`TINY_BYTES`,
 :mod:`colls_plugins.tcp.shm_tiny`) skip the slots: the stamp and the payload share one cache line
@@ -122,6 +126,12 @@ _W_P2P_SLEEP = 17
 _W_P2P_OPEN = 18
 #: First word of the two tiny-message lines (each: stamp, then payload), cache-line aligned.
 _W_TINY = 64
+#: Byte offset in the control page of the bytes that say to which host ranks the owner has
+#: written point-to-point messages (one byte each: a byte is stored alone, so two threads
+#: announcing two peers never overwrite each other); hosts of more ranks than fit read every
+#: peer's line.
+SENT_BYTES = 1024
+MAX_ANNOUNCED_RANKS = CTRL_BYTES - SENT_BYTES
 #: Payload bytes of one tiny message: a cache line less its stamp.
 TINY_BYTES = 56
 
@@ -361,6 +371,7 @@ class ShmGroup:
         self.slot_bytes = slot_bytes
         self.timeout = timeout
         self._me = segments[rank].ctrl
+        self._me_bytes = segments[rank].ctrl.cast("B")  # announce_sender's single-byte stores
         self._ctrls = [seg.ctrl for seg in segments]
         self.peers = [r for r in range(self.size) if r != rank]
         self._wake_sock = wake_sock
@@ -558,6 +569,25 @@ class ShmGroup:
         """Whether host rank ``peer``'s engine reads its rings."""
         return bool(self._ctrls[peer][_W_P2P_OPEN])
 
+    def announce_sender(self, peer: int) -> None:
+        """Say that this rank writes to its ring to host rank ``peer`` (before the first entry).
+
+        ``peer`` then reads this rank's control line to it (:meth:`announced_by`); until then it
+        leaves that line's page alone.
+        """
+        if self.size <= MAX_ANNOUNCED_RANKS:
+            self._me_bytes[SENT_BYTES + peer] = 1
+
+    def announced_by(self, peer: int) -> Callable[[], bool]:
+        """Return a test of whether host rank ``peer`` has said it writes to this rank (always
+        True on a host of more ranks than the bytes hold)."""
+        if self.size > MAX_ANNOUNCED_RANKS:
+            return lambda: True
+        byte = SENT_BYTES + self.rank
+        word, mask = self._ctrls[peer], 0xFF << (byte % 8 * 8)
+        index = byte // 8
+        return lambda: word[index] & mask != 0
+
     def p2p_wake(self, peer: int) -> None:
         """Wake host rank ``peer`` if a thread of it blocks for a p2p message (after a write)."""
         self._fence()
@@ -704,6 +734,7 @@ class ShmGroup:
                 view.release()
         self._tiny_views.clear()
         self._tiny_arrays.clear()
+        self._me_bytes.release()
         for seg in self.segments:
             seg.close()
         if self._wake_sock is not None:

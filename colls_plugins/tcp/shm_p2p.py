@@ -155,6 +155,8 @@ class Channel:
         self._out_ctrl, self._out = group.segments[me].pair(peer)
         # [0] its head to me, [1] what it consumed of mine; and the ring it writes
         self._in_ctrl, self._in = group.segments[peer].pair(me)
+        self._announced = group.announced_by(peer)  # whether to look at _in_ctrl at all
+        self._heard = False  # it announced itself (seen once, then remembered)
         self.send_lock = threading.Lock()
         #: Whether a send may write the ring without ``send_lock`` (:attr:`ATOMIC_RING_PUT`).
         self.lock_free = self._native is not None and ATOMIC_RING_PUT
@@ -183,6 +185,7 @@ class Channel:
         if not self._open:
             if not self._group.p2p_is_open(self._index):
                 return False  # its engine would match our later socket messages first
+            self._group.announce_sender(self._index)  # before the first entry is published
             self._open = True
         if self._native is not None:
             written = self._native.ring_put(self._index, data, tag, self.sockets_sent)
@@ -211,7 +214,15 @@ class Channel:
 
     # -- receiving (engine lock held) ----------------------------------------------------------
     def has_news(self) -> bool:
-        """Whether the peer wrote something not consumed yet (no lock needed)."""
+        """Whether the peer wrote something not consumed yet (no lock needed).
+
+        A peer that never announced itself as a sender (:meth:`ShmGroup.announce_sender`) has
+        written nothing: its control line is not read, so its page is never mapped in here.
+        """
+        if not self._heard:
+            if not self._announced():
+                return False
+            self._heard = True
         return self._in_ctrl[0] != self._out_ctrl[1]
 
     def spin_for_news(self, seconds: float) -> bool:

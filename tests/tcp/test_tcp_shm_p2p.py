@@ -412,6 +412,25 @@ def test_threads_sending_to_one_peer_each_keep_their_order_across_ring_and_socke
 
 
 @pytest.mark.timeout(60)
+def test_a_host_peer_is_read_only_once_it_announced_that_it_sends(hosts, shm_path):
+    """A rank's look for news skips the control line of a peer that never wrote to it (its
+    page stays unmapped there: 3.6 MiB of resident memory per rank at 256 ranks)."""
+    a, b, c = hosts([0, 0, 0])
+    from_a, from_c = _channel(b, 0), _channel(b, 2)
+    assert not from_a.has_news() and not from_c.has_news()
+    assert not from_a._heard and not from_c._heard
+    a.send(np.arange(2, dtype=np.float32), 1, 5)
+    assert from_a.has_news() and from_a._heard
+    out = np.zeros(2, np.float32)
+    assert b.recv(out, 0, 5) == 0 and out.tolist() == [0.0, 1.0]
+    assert not from_a.has_news()
+    c.send(np.ones(3, np.float32), 0, 6)  # to a, not to b
+    assert not from_c.has_news() and not from_c._heard
+    received = np.zeros(3, np.float32)
+    assert a.recv(received, 2, 6) == 2 and received.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.timeout(60)
 def test_spinning_for_news_sees_a_ring_entry_and_gives_up_after_its_time(hosts, shm_path):
     """A blocking receive spins on the ring first (compiled where built); it only reads."""
     a, b = hosts([0, 0])
