@@ -98,11 +98,17 @@ class Links:
             self._dialing.add(rank)
         try:
             conn = self._mesh(rank).dial(rank, deadline, self._abandon)
-        finally:
+        except BaseException:
             with self._cond:
                 self._dialing.discard(rank)
                 self._cond.notify_all()
+            raise
         with self._cond:
+            # Leave the dialling set and add the connection at once: between the two, a hello
+            # from ``rank`` would find neither and be accepted, and each side would then keep
+            # the connection the other closes.
+            self._dialing.discard(rank)
+            self._cond.notify_all()
             if conn is not None and rank not in self.peers and not self._closed:
                 return self._add(conn)
             if conn is not None:  # closed meanwhile (an accepted duplicate cannot happen)
