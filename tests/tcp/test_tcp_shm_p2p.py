@@ -417,6 +417,19 @@ def test_a_host_peer_is_read_only_once_it_announced_that_it_sends(hosts, shm_pat
     page stays unmapped there: 3.6 MiB of resident memory per rank at 256 ranks)."""
     a, b, c = hosts([0, 0, 0])
     from_a, from_c = _channel(b, 0), _channel(b, 2)
+    c_line_reads: list[int] = []
+
+    class RecordedLine:
+        """Rank 2's control line to rank 1, noting every read of it."""
+
+        def __init__(self, line: Any) -> None:
+            self.line = line
+
+        def __getitem__(self, word: int) -> int:
+            c_line_reads.append(word)
+            return self.line[word]
+
+    from_c._in_ctrl = RecordedLine(from_c._in_ctrl)
     assert not from_a.has_news() and not from_c.has_news()
     assert not from_a._heard and not from_c._heard
     a.send(np.arange(2, dtype=np.float32), 1, 5)
@@ -428,6 +441,7 @@ def test_a_host_peer_is_read_only_once_it_announced_that_it_sends(hosts, shm_pat
     assert not from_c.has_news() and not from_c._heard
     received = np.zeros(3, np.float32)
     assert a.recv(received, 2, 6) == 2 and received.tolist() == [1.0, 1.0, 1.0]
+    assert c_line_reads == []  # rank 1's looks for news (its engine's too) never read it
 
 
 @pytest.mark.timeout(60)
