@@ -5,10 +5,11 @@ Re-measures the table of issue 17 with the method of its anchors
 (or ``mpiexec``) is started, every rank notes when its first barrier returned and how long its
 first 4 KiB all_reduce took, and rank 0 prints the slowest rank's figures. Added here: the
 descriptors each rank holds, the connections its tcp backend opened, its resident memory (now and
-peak), and the requests the TCPStore server has answered by then (the server runs in rank 0, so
-rank 0 reads its counter), per rank. With ``--subgroups K`` each rank then creates groups of K
-consecutive ranks with :func:`colls.new_group` (every rank calls it for every group, as torch
-requires) and times that and one all_reduce in its own group.
+peak), the descriptors of colls-run's store process (it serves the job's store;
+``--store-host rank0`` makes rank 0 serve it instead), and the requests the TCPStore server has
+answered by then (rank 0 asks the server for its counter), per rank. With ``--subgroups K``
+each rank then creates groups of K consecutive ranks with :func:`colls.new_group` (every rank
+calls it for every group, as torch requires) and times that and one all_reduce in its own group.
 
 Usage::
 
@@ -93,10 +94,24 @@ def _connections() -> int:
 
 
 def _store_requests() -> dict[str, int]:
+    """Return the store server's request counts, whoever hosts it (the count includes the one
+    request that asks for them)."""
     from colls.registry import REGISTRY
+    from colls.store.base import innermost
 
-    server = getattr(REGISTRY.world_store, "server", None)
-    return dict(server.request_counts) if server is not None else {}
+    return innermost(REGISTRY.world_store).served_requests()
+
+
+def _store_process_fds(rank_pids: set[int]) -> int:
+    """Return the descriptors of colls-run's store process: the child of colls-run (every rank's
+    parent) that is no rank. 0 when there is none (``--store-host rank0``)."""
+    launcher = os.getppid()
+    try:
+        with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+            children = {int(pid) for pid in f.read().split()}
+        return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in children - rank_pids)
+    except OSError:
+        return -1
 
 
 def worker(subgroups: int) -> None:
@@ -118,7 +133,7 @@ def worker(subgroups: int) -> None:
     stats = {"startup": t1 - t0, "all_reduce": t2 - t1, "fds": len(os.listdir("/proc/self/fd")),
              "connections": _connections(), "rss": rss, "private": private, "pss": pss,
              "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-             "sockets": _sockets()}
+             "sockets": _sockets(), "pid": os.getpid()}
     size, rank = colls.get_world_size(), colls.get_rank()
     requests = _store_requests()  # before the gather: the setup's requests only
     gathered = [np.zeros(len(stats)) for _ in range(size)]
@@ -130,8 +145,9 @@ def worker(subgroups: int) -> None:
         line = {
             "ranks": size, "startup_s": a["startup"].max(),
             "first_all_reduce_ms": a["all_reduce"].max() * 1e3,
-            # rank 0 also hosts the store server, one socket per client: counted apart
+            # with --store-host rank0, rank 0 hosts the store server, one socket per client
             "fds_max": int(a["fds"].max()), "fds_max_others": int(a["fds"][1:].max(initial=0)),
+            "fds_store_process": _store_process_fds({int(p) for p in a["pid"]}),
             "sockets_max": int(a["sockets"][1:].max(initial=0)),
             "sockets_rank0": int(a["sockets"][0]),
             "connections_max": int(a["connections"].max()),
@@ -206,8 +222,9 @@ def drive(args: argparse.Namespace) -> list[dict]:
             compileall.compile_dir(directory, quiet=1)
     for n in args.sizes:
         command = [sys.executable, "-m", "colls.run", "--nproc-per-node", str(n),
+                   "--store-host", args.store_host,
                    str(here.parent / "scale_worker.py"), str(args.subgroups)]
-        line = _launch(command, env) | {"launcher": "colls-run"}
+        line = _launch(command, env) | {"launcher": "colls-run", "store_host": args.store_host}
         print(_describe(line), flush=True)
         figures.append(line)
     for n in args.mpi:
@@ -224,7 +241,8 @@ def _describe(line: dict) -> str:
             f"fds/rank {line['fds_max']:4d}")
     if line["launcher"] == "colls-run":
         text += (f" (ranks but 0: {line['fds_max_others']}, sockets {line['sockets_max']};"
-                 f" rank 0 sockets {line['sockets_rank0']})"
+                 f" rank 0 sockets {line['sockets_rank0']};"
+                 f" store process {line['fds_store_process']})"
                  f"  connections {line['connections_max']:3d}"
                  f"  store requests/rank "
                  f"{line['store_requests_per_rank']:5.1f}  RSS {line['rss_mib_median']:.1f} MiB"
@@ -270,6 +288,8 @@ def main() -> None:
     parser.add_argument("--mpi", type=int, nargs="*", default=[])
     parser.add_argument("--subgroups", type=int, default=0,
                         help="also create groups of this many ranks and time them (0: no)")
+    parser.add_argument("--store-host", choices=("launcher", "rank0"), default="launcher",
+                        help="colls-run's --store-host: who serves the job's store")
     parser.add_argument("--json", help="write every figure line to this file")
     parser.add_argument("--plot", help="write a log-log plot of startup to this file")
     args = parser.parse_args()

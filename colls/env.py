@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from colls.run.config import START_METHODS
+from colls.run.config import MAX_PORT, START_METHODS
 
 
 def _parse_bool(text: str) -> bool:
@@ -54,6 +54,15 @@ def _parse_start_method(text: str) -> str:
 
 def _parse_str(text: str) -> str:
     return text.strip()
+
+
+def _parse_port(text: str) -> int | None:
+    if not text.strip():
+        return None
+    value = int(text)
+    if not 1 <= value <= MAX_PORT:
+        raise ValueError(f"expected a TCP port, 1..{MAX_PORT}, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,13 @@ SETTINGS: dict[str, Setting] = {
             "else is read; strangers are refused and logged. Set the same value on every rank; "
             "colls-run sets a random one for single-node jobs unless it is set "
             "(see docs/reliability.md).",
+        ),
+        Setting(
+            "COLLS_STORE_PORT", _parse_port, None,
+            "Port on MASTER_ADDR where a launcher serves the job's TCPStore (colls-run sets "
+            "it). env:// then makes every rank, rank 0 included, a client of that store, "
+            "instead of rank 0 serving one on MASTER_PORT; MASTER_PORT stays free for "
+            "torch.distributed's own store (see docs/launcher.md).",
         ),
         Setting(
             "COLLS_HANDSHAKE_TIMEOUT", _parse_positive_float, 10.0,

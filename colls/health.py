@@ -7,7 +7,8 @@ A :class:`GroupHealth` belongs to one :class:`~colls.process_group.ProcessGroup`
 2. the backend reports that a peer vanished (tcp: EOF or reset on its connection), through the
    optional backend hook ``set_failure_listener(callback)``;
 3. another rank recorded a failure in the job's store (see below);
-4. the connection to the store itself is lost: its host (world rank 0) died.
+4. the connection to the store itself is lost: its host (world rank 0, or the launcher that
+   serves it under colls-run) died.
 
 Breaking a group records why (a :class:`~colls.errors.BackendError` naming the failed rank and the
 operation), calls the optional backend hook ``abort(error)`` so that every pending operation of
@@ -481,12 +482,14 @@ class GroupHealth:
         )
 
     def store_lost(self, store: Any, exc: BaseException) -> None:
-        """Break the group: the store connection dropped, so its host (rank 0) is gone."""
+        """Break the group: the store connection dropped, so its host (rank 0, or the
+        launcher that serves it) is gone."""
         if self._closed:
             return
+        host = getattr(innermost(store), "hosted_by", "world rank 0")
         self._break(
-            f"lost the connection to {getattr(store, 'description', store)}, hosted by world "
-            f"rank 0, which probably died ({exc}); this rank was {self._where()}",
+            f"lost the connection to {getattr(store, 'description', store)}, hosted by "
+            f"{host}, which probably died ({exc}); this rank was {self._where()}",
             cause=exc, record=None,
         )
 

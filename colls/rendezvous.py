@@ -11,6 +11,11 @@ MPICH's hydra (PMI_RANK/PMI_SIZE), Open MPI (OMPI_COMM_WORLD_RANK/OMPI_COMM_WORL
 Slurm's srun (SLURM_PROCID/SLURM_NTASKS), so ``mpiexec -n 4 python train.py`` needs only
 MASTER_ADDR and MASTER_PORT.
 
+Under colls-run, the launcher serves the job's TCPStore itself and exports its port as
+COLLS_STORE_PORT: every rank, rank 0 included, connects to MASTER_ADDR:COLLS_STORE_PORT as a
+client. So rank 0 holds no connection per rank, and MASTER_PORT stays free for a
+torch.distributed store in the same job.
+
 The launchers' other variables are read by :mod:`colls.launch_env`: under torchrun
 (TORCHELASTIC_USE_AGENT_STORE=True) the agent already serves a torch TCPStore on MASTER_ADDR:
 MASTER_PORT, so every rank connects to it as a client (torch's client, see
@@ -193,20 +198,30 @@ def _env_handler(
     url: str, rank: int, world_size: int, timeout: datetime.timedelta
 ) -> RendezvousResult:
     rank, world_size = _resolve_rank_and_size(url, rank, world_size, from_env=True)
+    store_port = env.get("COLLS_STORE_PORT")
+    if store_port is not None:
+        return _launcher_store(store_port, world_size, timeout), rank, world_size
     addr, port = _master_address()
     return _tcp_store(addr, port, rank, world_size, timeout), rank, world_size
 
 
+#: How a store served by the launcher names its host in error messages.
+LAUNCHER_STORE_HOST = "the launcher (colls-run, or whatever set COLLS_STORE_PORT)"
+
+
+def _launcher_store(port: int, world_size: int, timeout: datetime.timedelta) -> Store:
+    """Return the TCPStore the launcher serves on MASTER_ADDR:COLLS_STORE_PORT; every rank is a
+    client, so no rank holds a connection per peer, and MASTER_PORT stays free for torch's store.
+    """
+    return TCPStore(
+        _master_host(), port, world_size, is_master=False, timeout=timeout,
+        hosted_by=LAUNCHER_STORE_HOST,
+    )
+
+
 def _master_address() -> tuple[str, int]:
     """Return MASTER_ADDR and MASTER_PORT, else Slurm's defaults (see colls.launch_env)."""
-    addr = os.environ.get("MASTER_ADDR", "").strip() or launch_env.slurm_master_addr()
-    if not addr:
-        raise RendezvousError(
-            "env:// rendezvous: environment variable MASTER_ADDR is not set; set it to the "
-            "address of the rank 0 host, e.g. MASTER_ADDR=127.0.0.1 for a single machine "
-            "(colls-run and torchrun set it for you; under srun it defaults to the first host "
-            f"of SLURM_JOB_NODELIST){_mpiexec_hint()}"
-        )
+    addr = _master_host()
     raw_port = os.environ.get("MASTER_PORT", "").strip()
     if raw_port:
         return addr, _check_port(raw_port, "environment variable MASTER_PORT")
@@ -217,6 +232,19 @@ def _master_address() -> tuple[str, int]:
         "env:// rendezvous: environment variable MASTER_PORT is not set; set it to a free "
         f"TCP port on the rank 0 host, e.g. MASTER_PORT=29500{_mpiexec_hint()}"
     )
+
+
+def _master_host() -> str:
+    """Return MASTER_ADDR, else Slurm's default (the first host of the allocation)."""
+    addr = os.environ.get("MASTER_ADDR", "").strip() or launch_env.slurm_master_addr()
+    if not addr:
+        raise RendezvousError(
+            "env:// rendezvous: environment variable MASTER_ADDR is not set; set it to the "
+            "address of the rank 0 host, e.g. MASTER_ADDR=127.0.0.1 for a single machine "
+            "(colls-run and torchrun set it for you; under srun it defaults to the first host "
+            f"of SLURM_JOB_NODELIST){_mpiexec_hint()}"
+        )
+    return addr
 
 
 def _mpiexec_hint() -> str:

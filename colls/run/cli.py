@@ -13,15 +13,22 @@ import sys
 from collections.abc import Callable, Sequence
 
 from colls import env
-from colls.run.config import START_METHODS, LaunchConfig, find_free_port, job_token
+from colls.run.config import (
+    START_METHODS,
+    STORE_HOSTS,
+    LaunchConfig,
+    find_free_port,
+    job_token,
+)
 from colls.run.processes import SignalCatcher, launch
 
 PROG = "colls-run"
 
 EPILOG = """\
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-MASTER_PORT and COLLS_ERROR_FILE. When a worker fails, the others are stopped and the first
-failing rank is reported with its exit code and traceback; colls-run exits with that code.
+MASTER_PORT, COLLS_STORE_PORT (when the launcher serves the store) and COLLS_ERROR_FILE.
+When a worker fails, the others are stopped and the first failing rank is reported with its
+exit code and traceback; colls-run exits with that code.
 """
 
 
@@ -80,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="single node, with a free port chosen for the workers' rendezvous",
     )
     parser.add_argument(
+        "--store-host", dest="store_host", choices=STORE_HOSTS, default=None,
+        help="who serves the job's TCPStore. launcher: colls-run on node 0, on --master-addr "
+        ":--store-port, exported as COLLS_STORE_PORT (no rank then holds a connection per "
+        "rank, and MASTER_PORT stays free for torch.distributed). rank0: rank 0, on "
+        "--master-port, as torch's env://. Default: launcher on a single node, and with "
+        "--nnodes > 1 when --store-port is given; rank0 otherwise",
+    )
+    parser.add_argument(
+        "--store-port", dest="store_port", metavar="PORT", type=int, default=None,
+        help="port of the launcher's store on --master-addr; default: a free port (single "
+        "node only; with --nnodes > 1 give every node the same one)",
+    )
+    parser.add_argument(
         "-m", "--module", action="store_true",
         help="run the script argument as a Python module, like 'python -m'",
     )
@@ -128,6 +148,22 @@ def _resolve_port(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(str(exc).removeprefix(f"{PROG}: "))
 
 
+def _resolve_store_port(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int | None:
+    """Return where the launcher serves the job's store (0: a free port), or None: rank 0 does."""
+    host = args.store_host
+    if host is None:  # a multi-node job serves it from a launcher only when told where
+        host = "launcher" if args.nnodes == 1 or args.store_port is not None else "rank0"
+    if host == "rank0":
+        if args.store_port is not None:
+            parser.error(f"--store-port {args.store_port} is for --store-host launcher, but "
+                         "--store-host is rank0 (rank 0 serves the store on --master-port)")
+        return None
+    if args.store_port is None and args.nnodes > 1:
+        parser.error(f"--store-host launcher with --nnodes {args.nnodes} needs --store-port: "
+                     "every node must be given the same port on --master-addr")
+    return 0 if args.store_port is None else int(args.store_port)
+
+
 def _resolve_start_method(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """Return --start-method, or COLLS_START_METHOD's value (default fork) when not given."""
     if args.start_method is not None:
@@ -168,6 +204,7 @@ def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
             tag_output=args.tag_output,
             start_method=start_method,
             auth_token=job_token(args.nnodes, os.environ),
+            store_port=_resolve_store_port(parser, args),
         )
     except ValueError as exc:
         parser.error(str(exc).removeprefix(f"{PROG}: "))

@@ -15,12 +15,18 @@ from dataclasses import dataclass, field
 
 #: The variable the workers read their shared secret from (colls.auth).
 AUTH_TOKEN_VAR = "COLLS_AUTH_TOKEN"
+#: The variable that tells the workers where the launcher serves the job's store (colls.rendezvous).
+STORE_PORT_VAR = "COLLS_STORE_PORT"
 #: Highest TCP port number.
 MAX_PORT = 65535
 
 #: How Python workers are started (``--start-method``): forked from the launcher, which has
 #: preloaded NumPy and colls (fast, see colls.run.forking), or a fresh interpreter each (``exec``).
 START_METHODS = ("fork", "exec")
+
+#: Who serves the job's TCPStore (``--store-host``): colls-run on node 0 (colls.run.job_store),
+#: or rank 0, as torch's env:// has it.
+STORE_HOSTS = ("launcher", "rank0")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,10 @@ class LaunchConfig:
         start_method: ``fork`` or ``exec`` (one of START_METHODS); ``fork`` falls back to ``exec``
             where it cannot apply (see colls.run.forking.use_fork).
         auth_token: COLLS_AUTH_TOKEN handed to the workers ("": none; see :func:`job_token`).
+        store_port: Where the launcher of node 0 serves the job's TCPStore, on master_addr
+            (colls.run.job_store), exported as COLLS_STORE_PORT: a port, or 0 for one the OS
+            picks (single node only). None: no launcher serves it, and rank 0 serves the store
+            on MASTER_PORT, as torch's env:// does.
     """
 
     script: str
@@ -56,6 +66,7 @@ class LaunchConfig:
     tag_output: bool = False
     start_method: str = "fork"
     auth_token: str = field(default="", repr=False)
+    store_port: int | None = None
 
     def __post_init__(self) -> None:
         """Check ranges and flag combinations; the messages name the flag and the value."""
@@ -75,6 +86,7 @@ class LaunchConfig:
                 f"colls-run: --master-port {self.master_port} is out of range; "
                 f"expected 1..{MAX_PORT}"
             )
+        self._check_store_port()
         if self.module and self.no_python:
             raise ValueError(
                 "colls-run: --module and --no-python cannot be used together "
@@ -85,6 +97,30 @@ class LaunchConfig:
                 f"colls-run: --start-method {self.start_method!r} is invalid; expected one of "
                 f"{', '.join(START_METHODS)}"
             )
+
+    def _check_store_port(self) -> None:
+        port = self.store_port
+        if port is None:
+            return
+        if not 0 <= port <= MAX_PORT:
+            raise ValueError(
+                f"colls-run: --store-port {port} is out of range; expected 1..{MAX_PORT}"
+            )
+        if port == 0 and self.nnodes > 1:
+            raise ValueError(
+                f"colls-run: --nnodes {self.nnodes} needs a fixed --store-port, the same on "
+                "every node (only a single node can let the OS pick one)"
+            )
+        if port == self.master_port:
+            raise ValueError(
+                f"colls-run: --store-port {port} is also --master-port; give the store another "
+                "port (MASTER_PORT stays free for a torch.distributed store in the job)"
+            )
+
+    @property
+    def serves_store(self) -> bool:
+        """Whether this launcher serves the job's store: node 0's, when store_port is set."""
+        return self.store_port is not None and self.node_rank == 0
 
     @property
     def world_size(self) -> int:

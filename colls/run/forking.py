@@ -247,6 +247,22 @@ def fork_worker(
     return ForkedProcess(pid, args, stdout, stderr)
 
 
+def fork_helper() -> int:
+    """Fork a child that works for the launcher but is no worker; return its pid, 0 in the child.
+
+    The child gets its own session (a Ctrl-C in the terminal reaches only the launcher, which
+    stops it in order) and a fresh interpreter's signal handlers (hazard 1). It must end with
+    ``os._exit``, never returning into the launcher's frames (hazard 7). colls.run.job_store
+    serves the job's store from such a child.
+    """
+    pid, mask = _fork()
+    if pid == 0:
+        os.setsid()
+        _restore_fresh_signal_handlers()
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+    return pid
+
+
 def _fork() -> tuple[int, set[int]]:
     """Fork with the launcher's handled signals blocked; return the pid and the mask to restore.
 
@@ -298,7 +314,10 @@ def _become_worker(env: Mapping[str, str], out_fds: list[int], mask: set[int]) -
     _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
     _set_up_std_streams(out_fds)
     # Only what differs from the launcher's environment, inherited already: a write is a
-    # putenv, and the whole environment cost a worker most of a millisecond.
+    # putenv, and the whole environment cost a worker most of a millisecond. A variable the
+    # worker's environment leaves out (an outer job's COLLS_STORE_PORT) is removed.
+    for name in [k for k in os.environ if k not in env]:
+        del os.environ[name]
     os.environ.update({k: v for k, v in env.items() if os.environ.get(k) != v})
     reseed_numpy()
 

@@ -22,12 +22,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType, TracebackType
 from typing import IO, BinaryIO, Protocol
 
 from colls.run import forking
-from colls.run.config import AUTH_TOKEN_VAR, LaunchConfig
+from colls.run.config import AUTH_TOKEN_VAR, STORE_PORT_VAR, LaunchConfig
 from colls.run.failures import (
     SIGNAL_EXIT_BASE,
     WorkerOutcome,
@@ -37,6 +37,7 @@ from colls.run.failures import (
     format_root_cause,
     read_error_file,
 )
+from colls.run.job_store import JobStore, JobStoreError
 
 #: How often the workers are polled. Polling a handful of children costs microseconds; 20 ms keeps
 #: the launcher's reaction (and its exit after the last worker) well under a human's notice.
@@ -114,7 +115,8 @@ def worker_env(
         error_file: Where the worker writes its traceback (exported as COLLS_ERROR_FILE).
         base: The environment to extend; the launcher's own when None.
 
-    The job's ``config.auth_token`` becomes COLLS_AUTH_TOKEN unless ``base`` has one.
+    The job's ``config.auth_token`` becomes COLLS_AUTH_TOKEN unless ``base`` has one, and its
+    ``config.store_port`` (bound already) COLLS_STORE_PORT.
     """
     env = dict(os.environ if base is None else base)
     env.update(
@@ -129,6 +131,12 @@ def worker_env(
     )
     if config.auth_token:
         env.setdefault(AUTH_TOKEN_VAR, config.auth_token)
+    if config.store_port == 0:
+        raise ValueError("colls-run: worker_env() before the job's store was bound to a port")
+    if config.store_port is None:
+        env.pop(STORE_PORT_VAR, None)  # an outer job's store is not this job's
+    else:
+        env[STORE_PORT_VAR] = str(config.store_port)
     config.apply_thread_defaults(env)
     return env
 
@@ -225,6 +233,7 @@ class WorkerGroup:
         self._pumps: list[_LinePump] = []
         self._error_dir: str | None = None
         self._output_lock = threading.Lock()
+        self._store: JobStore | None = None
 
     def __enter__(self) -> WorkerGroup:
         self._error_dir = tempfile.mkdtemp(prefix="colls-run-")
@@ -241,19 +250,24 @@ class WorkerGroup:
     def start(self) -> None:
         """Start every worker of this node, without waiting on any.
 
-        With fork, the launcher first preloads what workers import (colls.run.forking). The
-        --tag-output readers start only once every worker is started: no thread may run in the
-        launcher while it forks.
+        With fork, the launcher first preloads what workers import (colls.run.forking). On
+        node 0 it then starts the job's store (colls.run.job_store). The --tag-output readers
+        start only once every worker is started: no thread may run in the launcher while it
+        forks.
 
         Raises:
             WorkerStartError: a worker could not be started; the ones already started keep
                 running until the caller stops them (or leaves the context).
+            JobStoreError: the job's store cannot be served; no worker was started.
         """
         if self._error_dir is None:
             raise RuntimeError("colls-run: WorkerGroup.start() called outside its 'with' block")
         fork = forking.use_fork(self.config)
         if fork:
             forking.prepare_launcher(self.config)
+        if self.config.serves_store:
+            self._store = JobStore(self.config)
+            self.config = replace(self.config, store_port=self._store.port)
         # Read once: decoding os.environ for each of hundreds of workers cost a third of a
         # millisecond each, on the path that starts them one after the other.
         base_env = dict(os.environ)
@@ -364,10 +378,14 @@ class WorkerGroup:
         )
 
     def close(self) -> None:
-        """Kill any worker still running, flush tagged output and remove the error files."""
+        """Kill any worker still running, flush tagged output, stop the job's store (no worker
+        is left to use it) and remove the error files."""
         self.poll()
         self._kill_running()
         self.finish_output()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         if self._error_dir is not None:
             shutil.rmtree(self._error_dir, ignore_errors=True)
             self._error_dir = None
@@ -418,7 +436,7 @@ def launch(config: LaunchConfig, signals: SignalCatcher | None = None) -> int:
     with WorkerGroup(config) as group:
         try:
             group.start()
-        except WorkerStartError as exc:
+        except (WorkerStartError, JobStoreError) as exc:
             print(exc, file=sys.stderr)
             group.stop(signal.SIGTERM, STOP_GRACE_S)
             return exc.exit_code

@@ -10,6 +10,7 @@ StoreError, which the server answers with an ERROR reply. Everything runs on the
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING
 
 from colls.errors import StoreError
@@ -27,6 +28,7 @@ class CommandsMixin:
     """The ``_cmd_*`` handlers of the store server (see the module docstring)."""
 
     _data: dict[bytes, bytes]
+    request_counts: collections.Counter[str]
 
     def _reply(self, conn: _Connection, status: Status, fields: list[bytes]) -> None:
         raise NotImplementedError
@@ -120,6 +122,14 @@ class CommandsMixin:
         timeout = _wire.decode_timeout(fields[0])
         keys = [_wire.check_key_field(f) for f in fields[1:]]
         self._park_or_answer(conn, Command.MULTI_GET, keys, timeout)
+
+    def _cmd_stats(self, conn: _Connection, fields: list[bytes]) -> None:
+        """Answer the requests served so far per command name, this one included."""
+        self._expect(fields, 0, "STATS")
+        reply: list[bytes] = []
+        for name, count in sorted(self.request_counts.items()):
+            reply += [name.encode("ascii"), _wire.encode_int(count)]
+        self._reply(conn, Status.OK, reply)
 
     def _cmd_multi_set(self, conn: _Connection, fields: list[bytes]) -> None:
         if len(fields) % 2:

@@ -30,6 +30,7 @@ MULTI_DELETE key...                         count of keys that existed
 AUTH         client nonce                   server nonce, server proof
 AUTH_PROOF   client proof                   (none)
 PING         (none)                         (none)
+STATS        (none)                         command name, count, ... (requests served)
 ============ ============================== =====================================
 
 A TIMEOUT response carries the keys still missing; an ERROR response one utf-8 message.
@@ -87,6 +88,7 @@ class Command(enum.IntEnum):
     AUTH_PROOF = 12
     PING = 13
     MULTI_DELETE = 14
+    STATS = 15
 
 
 class Status(enum.IntEnum):

@@ -89,6 +89,8 @@ class TCPStore(Store):
         wait_for_workers: on the master with ``world_size``, return only once all have joined.
         auth_token: shared secret every connection must prove it knows (default:
             ``COLLS_AUTH_TOKEN``; empty or unset: no authentication).
+        hosted_by: who serves the store, for error messages ("the launcher (colls-run)");
+            None: this process on the master, else presumably world rank 0. Not in torch.
 
     Raises:
         NetworkError: the server could not be bound, or not reached within ``timeout``.
@@ -105,8 +107,11 @@ class TCPStore(Store):
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         wait_for_workers: bool = True,
         auth_token: str | bytes | None = None,
+        *,
+        hosted_by: str | None = None,
     ) -> None:
         _check_args(host_name, port, world_size)
+        self._hosted_by = hosted_by
         self._token = auth.resolve_token(auth_token)
         super().__init__(timeout)
         if not is_master and port == 0:
@@ -163,6 +168,12 @@ class TCPStore(Store):
         return self._server
 
     @property
+    def hosted_by(self) -> str:
+        """Who serves the store, as error messages name it: the process given at construction,
+        else world rank 0 (which serves the store under env:// and tcp://)."""
+        return self._hosted_by or "world rank 0"
+
+    @property
     def auth_token(self) -> bytes | None:
         """The shared secret this store's connections prove they know (None: no auth).
 
@@ -205,8 +216,8 @@ class TCPStore(Store):
                 if self._reached:
                     raise NetworkError(
                         f"{self.description}: the server refused a new connection after "
-                        f"serving this client: it has exited (with the process that hosted "
-                        f"it, usually rank 0): {exc}"
+                        f"serving this client: it has exited (with {self.hosted_by}, which "
+                        f"hosted it): {exc}"
                     ) from exc
                 error: Exception = exc
             except OSError as exc:
@@ -219,8 +230,9 @@ class TCPStore(Store):
                 _shutdown(sock)
             elapsed = time.monotonic() - start
             if limit is not None and elapsed >= limit:
+                served = "" if self._hosted_by is None else f", served by {self._hosted_by}"
                 raise NetworkError(
-                    f"{self.description}: could not connect after {elapsed:.1f} s "
+                    f"{self.description}{served}: could not connect after {elapsed:.1f} s "
                     f"(timeout {limit:.1f} s): {error}"
                 ) from error
             left = None if limit is None else limit - elapsed
@@ -447,6 +459,21 @@ class TCPStore(Store):
 
     def _num_keys(self) -> int:
         return _wire.decode_int(self._request(Command.NUM_KEYS, [], "num_keys", [])[0])
+
+    def served_requests(self) -> dict[str, int]:
+        """Return the requests the server has served, per command name (this one included).
+
+        The server's own count, for whichever process hosts it (rank 0, or colls-run): how much
+        traffic a job's rendezvous and setup cost (benchmarks/bench_scale.py). Not part of
+        torch's TCPStore.
+        """
+        fields = self._request(Command.STATS, [], "served_requests", [])
+        if len(fields) % 2:
+            raise StoreError(f"{self.description}: STATS reply has an odd number of fields")
+        return {
+            name.decode("ascii", "replace"): _wire.decode_int(count)
+            for name, count in zip(fields[::2], fields[1::2], strict=True)
+        }
 
     def _delete_keys(self, keys: list[str]) -> int:
         reply = self._request(Command.MULTI_DELETE, [self._key(k) for k in keys], "delete_keys",

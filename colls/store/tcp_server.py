@@ -185,6 +185,7 @@ class StoreServer(CommandsMixin, GuardMixin):
             Command.AUTH: self._cmd_auth,
             Command.AUTH_PROOF: self._cmd_auth_proof,
             Command.PING: self._cmd_ping,
+            Command.STATS: self._cmd_stats,
         }
 
     @property
@@ -204,12 +205,32 @@ class StoreServer(CommandsMixin, GuardMixin):
 
     def start(self) -> None:
         """Start the event-loop thread (a daemon, so it never blocks interpreter exit)."""
-        self._listener.start()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
+        self._open()
         self._thread = threading.Thread(
             target=self._run, name=f"colls-store-server-{self.address}", daemon=True
         )
         self._thread.start()
+
+    def serve_until_readable(self, fd: int) -> None:
+        """Serve on the calling thread until ``fd`` becomes readable (or reaches EOF), then stop
+        and close everything; instead of start().
+
+        For a process whose only job is this server: colls-run serves the job's store from a
+        child process, which stops when the launcher closes its end of a pipe, or dies.
+        """
+        if self._thread is not None:
+            raise RuntimeError(f"TCPStore {self.address}: serve_until_readable() after start()")
+        self._open()
+        self._selector.register(fd, selectors.EVENT_READ, self._request_stop)
+        self._run()
+
+    def _request_stop(self) -> None:
+        self._stopping = True
+
+    def _open(self) -> None:
+        """Listen, and watch the wake-up socket."""
+        self._listener.start()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
 
     def stop(self) -> None:
         """Stop the loop, close the listener and every client connection; wait for the thread."""

@@ -38,6 +38,7 @@ OUTPUT_TAIL: Final = 4000
 #: Rendezvous variables of the parent that would send the ranks to a store instead of MPI.
 _RENDEZVOUS_VARIABLES: Final = (
     "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "COLLS_STORE_PORT",
 )  # fmt: skip
 PAYLOAD_FILE: Final = "payload.pkl"
 

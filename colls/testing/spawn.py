@@ -57,6 +57,7 @@ def _child(
     environ: Mapping[str, str], backend: str | None, init_timeout: float,
     results: Any,
 ) -> None:
+    os.environ.pop("COLLS_STORE_PORT", None)  # an outer colls-run job's store is not this job's
     os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size))

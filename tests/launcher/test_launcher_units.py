@@ -179,6 +179,34 @@ def test_worker_command_wraps_python_scripts_and_modules(monkeypatch):
     assert worker_argv(LaunchConfig("pkg.mod", ("x",), module=True)) == ["-m", "pkg.mod", "x"]
 
 
+def test_the_launcher_serves_the_store_on_one_node_and_where_told_on_several(script, capsys):
+    assert cli.parse_config([script]).store_port == 0  # a free port, bound when serving
+    assert cli.parse_config(["--store-port", "4001", script]).store_port == 4001
+    assert cli.parse_config(["--store-host", "rank0", script]).store_port is None
+    several = ["--nnodes", "2", "--master-port", "4000"]
+    assert cli.parse_config([*several, script]).store_port is None  # torch's layout
+    config = cli.parse_config([*several, "--node-rank", "1", "--store-port", "4001", script])
+    assert (config.store_port, config.serves_store) == (4001, False)  # node 0's launcher does
+    assert cli.parse_config([*several, "--store-port", "4001", script]).serves_store
+    assert "needs --store-port" in parse_error(capsys, *several, "--store-host", "launcher",
+                                               script)
+    assert "is for --store-host launcher" in parse_error(
+        capsys, "--store-host", "rank0", "--store-port", "4001", script)
+    assert "also --master-port" in parse_error(
+        capsys, "--master-port", "4000", "--store-port", "4000", script)
+    assert "--store-port 70000 is out of range" in parse_error(capsys, "--store-port", "70000",
+                                                                script)
+
+
+def test_worker_env_exports_the_store_port_and_drops_an_outer_jobs():
+    outer = {"COLLS_STORE_PORT": "1"}
+    served = LaunchConfig("a.py", master_port=4000, store_port=4001)
+    assert worker_env(served, 0, "/e", base=outer)["COLLS_STORE_PORT"] == "4001"
+    assert "COLLS_STORE_PORT" not in worker_env(LaunchConfig("a.py"), 0, "/e", base=outer)
+    with pytest.raises(ValueError, match="before the job's store was bound"):
+        worker_env(LaunchConfig("a.py", store_port=0), 0, "/e", base={})
+
+
 def test_worker_env_sets_ranks_and_keeps_the_rest():
     config = LaunchConfig("a.py", nproc_per_node=4, nnodes=3, node_rank=2, master_port=4000)
     env = worker_env(config, 3, "/tmp/e.json", base={"KEEP": "1"})

@@ -22,6 +22,8 @@ import numpy as np
 import colls
 from colls import _dispatch
 from colls.algorithms import hierarchical
+from colls.registry import REGISTRY
+from colls.store.base import innermost
 from colls.testing import conformance
 from colls.testing._checks_common import ArrayLib, Suite
 
@@ -118,6 +120,8 @@ def main(out_dir: str, backend_name: str, checks: str) -> None:
         "shapes": dict(shapes),
         "cases": cases + suite.cases,
         "host_id": os.environ.get("COLLS_HOST_ID", ""),
+        "store_hosted_here": getattr(innermost(REGISTRY.world_store), "is_master", None),
+        "store_port": os.environ.get("COLLS_STORE_PORT"),
     }
     colls.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{report['rank']}.json"), "w") as f:

@@ -5,9 +5,10 @@ each with a host identity of its own (``COLLS_HOST_ID``), run real jobs whose ra
 result against NumPy (mh_worker.py) or against plain torch (the DDP worker):
 
 * colls-run once per host (``--nnodes 2 --node-rank i --master-addr <host 0>``) with one and with
-  two ranks per host, running the collectives that have two-level shapes and the conformance
-  checks of colls.testing; the reports show which shapes ran, so the two-level algorithms are
-  known to be exercised (and one rank per host is known to keep the flat ones);
+  two ranks per host (rank 0 serving the store, then node 0's launcher with ``--store-port``),
+  running the collectives that have two-level shapes and the conformance checks of
+  colls.testing; the reports show which shapes ran, so the two-level algorithms are known to be
+  exercised (and one rank per host is known to keep the flat ones);
 * three ranks on one host and one on the other: colls-run gives every node the same
   ``--nproc-per-node`` (WORLD_SIZE is nnodes x nproc-per-node), so these ranks get the
   torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) directly;
@@ -100,12 +101,15 @@ def _reports(out: Path, world_size: int) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
-def _colls_run(hosts: EmulatedHosts, per_host: int, out: Path) -> list[dict]:
+def _colls_run(hosts: EmulatedHosts, per_host: int, out: Path,
+               store_port: int | None = None) -> list[dict]:
+    """Run colls-run on both hosts; with ``store_port``, node 0's launcher serves the store."""
     port = str(next(_ports))
+    store = [] if store_port is None else ["--store-port", str(store_port)]
     procs = [
         _start([sys.executable, "-m", "colls.run", "--nnodes", "2", "--node-rank", str(i),
                 "--nproc-per-node", str(per_host), "--master-addr", hosts.addresses[0],
-                "--master-port", port, str(WORKER), str(out), "tcp", CHECKS],
+                "--master-port", port, *store, str(WORKER), str(out), "tcp", CHECKS],
                _env(hosts, i), hosts, i, out)
         for i in range(2)
     ]
@@ -116,6 +120,9 @@ def _colls_run(hosts: EmulatedHosts, per_host: int, out: Path) -> list[dict]:
 def test_colls_run_one_rank_per_host_keeps_the_flat_algorithms(hosts, tmp_path):
     before = hosts.traffic(1)
     reports = _colls_run(hosts, 1, tmp_path)
+    # Without --store-port a multi-node job keeps torch's layout: rank 0 serves the store.
+    assert [r["store_hosted_here"] for r in reports] == [True, False]
+    assert {r["store_port"] for r in reports} == {None}
     for report in reports:
         assert report["hosts"] == [[0], [1]]
         assert report["uses_shm"] is False
@@ -126,7 +133,11 @@ def test_colls_run_one_rank_per_host_keeps_the_flat_algorithms(hosts, tmp_path):
 
 def test_colls_run_two_ranks_per_host_runs_the_two_level_collectives(hosts, tmp_path):
     before = hosts.traffic(1)
-    reports = _colls_run(hosts, 2, tmp_path)
+    store_port = next(_ports)
+    reports = _colls_run(hosts, 2, tmp_path, store_port=store_port)
+    # node 0's launcher serves the store: every rank, on both hosts, is a client of it
+    assert [r["store_hosted_here"] for r in reports] == [False] * 4
+    assert {r["store_port"] for r in reports} == {str(store_port)}
     expected = {"all_reduce:two_level", "all_reduce:leader", "all_gather:two_level",
                 "reduce_scatter:two_level", "broadcast:leader", "reduce:leader",
                 "barrier:leader"}

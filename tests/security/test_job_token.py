@@ -8,6 +8,7 @@ and mesh, by making that function answer "exposed" for their loopback listeners.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -222,7 +223,8 @@ def test_job_token_is_random_per_job_and_yields_to_the_user():
 def test_workers_get_the_job_token_unless_the_user_set_one(tmp_path):
     script = tmp_path / "a.py"
     script.write_text("")
-    config = parse_config(["--nproc-per-node", "2", str(script)])
+    parsed = parse_config(["--nproc-per-node", "2", str(script)])
+    config = dataclasses.replace(parsed, store_port=4001)  # as WorkerGroup has bound it
     assert re.fullmatch(r"[0-9a-f]{64}", config.auth_token)
     assert config.auth_token not in repr(config)
     envs = [worker_env(config, r, "/e", base={}) for r in range(2)]

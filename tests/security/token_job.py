@@ -24,9 +24,9 @@ def main(out_dir: str) -> None:
     colls.all_reduce(data)
     refused = None
     if rank == 0:  # a client without the token must be turned away by the job's store
+        port = int(os.environ.get("COLLS_STORE_PORT") or os.environ["MASTER_PORT"])
         try:
-            TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=10,
-                     auth_token="").close()
+            TCPStore(os.environ["MASTER_ADDR"], port, timeout=10, auth_token="").close()
             refused = ""
         except StoreError as exc:
             refused = str(exc)

@@ -45,3 +45,49 @@ def test_delete_keys_is_one_request_through_a_prefix():
     finally:
         inner.close()  # a PrefixStore leaves the store it wraps open
         master.close()
+
+
+@pytest.mark.timeout(60)
+def test_any_client_reads_the_servers_counts_with_one_request():
+    master = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, timeout=10)
+    client = TCPStore("127.0.0.1", master.port, timeout=10)
+    try:
+        client.set("a", b"1")
+        client.add("n", 2)
+        served = client.served_requests()
+        assert served == dict(master.server.request_counts)  # the STATS request included
+        assert served["SET"] == 1 and served["ADD"] == 1 and served["STATS"] == 1
+        assert client.served_requests()["STATS"] == 2
+    finally:
+        client.close()
+        master.close()
+
+
+
+@pytest.mark.timeout(60)
+def test_a_server_serves_on_the_callers_thread_until_a_pipe_closes():
+    """colls-run's store process: it serves until the launcher closes its end of a pipe."""
+    import os
+    import socket
+    import threading
+
+    from colls.store.tcp_server import StoreServer
+
+    server = StoreServer("127.0.0.1", 0)
+    stop_r, stop_w = os.pipe()
+    loop = threading.Thread(target=server.serve_until_readable, args=(stop_r,))
+    loop.start()
+    try:
+        client = TCPStore("127.0.0.1", server.port, timeout=10)
+        client.set("k", b"v")
+        assert client.get("k") == b"v"
+        client.close()
+        os.close(stop_w)  # EOF: the loop stops and closes the listener
+        loop.join(10)
+        assert not loop.is_alive()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+    finally:
+        os.close(stop_r)
+        if loop.is_alive():
+            server.stop()

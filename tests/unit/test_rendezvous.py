@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from colls.errors import RendezvousError
+from colls.errors import NetworkError, RendezvousError
 from colls.rendezvous import (
     RANK_VARIABLES,
     WORLD_SIZE_VARIABLES,
@@ -38,7 +38,8 @@ def _free_port() -> int:
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Start every test with none of the rendezvous variables set."""
-    for name in (*RANK_VARIABLES, *WORLD_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT"):
+    for name in (*RANK_VARIABLES, *WORLD_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT",
+                 "COLLS_STORE_PORT"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -73,6 +74,38 @@ def test_env_reads_rank_and_size(
     clean_env.setenv(rank_var, "0")
     clean_env.setenv(size_var, "1")
     assert _rendezvous_closing("env://") == (TCPStore, 0, 1)
+
+
+def test_a_store_port_from_the_launcher_makes_rank_0_a_client(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    served = TCPStore("127.0.0.1", 0, is_master=True, timeout=TIMEOUT_S)  # the launcher's
+    try:
+        clean_env.setenv("MASTER_ADDR", "127.0.0.1")
+        clean_env.setenv("COLLS_STORE_PORT", str(served.port))  # MASTER_PORT is not needed
+        clean_env.setenv("RANK", "0")
+        clean_env.setenv("WORLD_SIZE", "1")
+        store, rank, world_size = rendezvous("env://", timeout=TIMEOUT_S)
+        with store:
+            assert (rank, world_size) == (0, 1)
+            assert isinstance(store, TCPStore) and not store.is_master
+            assert store.port == served.port and "launcher" in store.hosted_by
+            store.set("k", b"v")
+            assert served.get("k") == b"v"
+    finally:
+        served.close()
+
+
+def test_a_launcher_store_that_is_not_there_names_the_launcher(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("MASTER_ADDR", "127.0.0.1")
+    clean_env.setenv("COLLS_STORE_PORT", str(_free_port()))
+    with pytest.raises(NetworkError, match="served by the launcher .*could not connect"):
+        rendezvous("env://", rank=1, world_size=2, timeout=0.5)
+    clean_env.setenv("COLLS_STORE_PORT", "0")
+    with pytest.raises(ValueError, match="COLLS_STORE_PORT='0'"):
+        rendezvous("env://", rank=1, world_size=2, timeout=0.5)
 
 
 def test_none_means_env(clean_env: pytest.MonkeyPatch) -> None:
