@@ -169,8 +169,15 @@ class Engine:
         self._scratch: memoryview | None = None
         self._max_message = int(env.get("COLLS_MAX_MESSAGE_BYTES"))
         self._thread: threading.Thread | None = None
-        self._channels: dict[int, Channel] = {}  # host peers reached through shared memory
-        self._channel_list: list[Channel] = []
+        # Host peers reached through shared memory (use_shm). A channel is made when it is first
+        # needed (:meth:`_channel_for`): by a send to the peer, a receive from it, a socket
+        # message from it, or its first ring entry (:meth:`_open_announced`).
+        self._host_peers: frozenset[int] = frozenset()
+        self._channels: dict[int, Channel] = {}  # the channels made so far, by group rank
+        self._channel_list: list[Channel] = []  # the same; replaced, never changed in place
+        self._silent: list[tuple[int, Callable[[], bool]]] = []  # host peers with no channel
+        self._channel_maker: Channels | None = None
+        self._channel_lock = threading.Lock()  # guards making channels (no other lock inside)
         self._shm_group: Any = None  # the host's ShmGroup once use_shm ran
         self._arrivals: dict[int, int] = {}  # socket messages per rank that reached the table
         # What a send written into a ring returns: it is complete and can never fail, so one
@@ -207,7 +214,7 @@ class Engine:
                 f"tcp: rank {self.rank}: send to rank {dst}: array has {view.nbytes} bytes, more "
                 f"than COLLS_MAX_MESSAGE_BYTES={self._max_message} allows"
             )
-        channel = self._channels.get(dst)
+        channel = self._channel_for(dst)
         if channel is not None:
             with channel.send_lock:  # the ring and the socket count stay in send order
                 if self._may_write_ring(dst) and channel.try_send(view, tag):
@@ -274,11 +281,12 @@ class Engine:
         view = byte_view(array, name="array", writable=True)
         origin = "any rank" if src is None else f"rank {src}"
         description = f"tcp recv from {origin} tag {tag}"
-        channel = None if src is None or tag < 0 else self._channels.get(src)
+        channel = None if src is None or tag < 0 else self._channel_for(src)
         if channel is not None and self._try_take(channel, view, tag):
             return Work.completed(src, description=description)
         rings = self._rings_for(src)
-        future = PollingFuture(self.poll_rings, self._shm_group, self._drivers) if rings else None
+        polls = self._rings_may_serve(src)  # a ring may bring it, also one with no channel yet
+        future = PollingFuture(self.poll_rings, self._shm_group, self._drivers) if polls else None
         work = Work(future, description=description, default_timeout=self._timeout)
         op = RecvOp(work, view, src, tag)
         bound = False
@@ -315,7 +323,7 @@ class Engine:
                     refusal = self._size_error(op, message.src, len(message.buffer))
         for peer in released:
             self._sync_read_interest(peer)
-        if rings:
+        if polls:
             self._ring_post_at = time.monotonic()
             if self._long_sleep:  # read after posting: see _select_timeout
                 self._wake()
@@ -333,7 +341,7 @@ class Engine:
         A message small enough for the ring of a host peer is written there (no Work, no
         byte view: the compiled piece reads the array itself); anything else is :meth:`isend`.
         """
-        channel = self._channels.get(dst)
+        channel = self._channel_for(dst)
         if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
             if channel.lock_free:  # one compiled write (Channel says why no lock is needed)
                 if self._may_write_ring(dst) and channel.try_send(array, tag):
@@ -355,7 +363,7 @@ class Engine:
         (:func:`poll_briefly`): no Work, future or posted receive. Everything else, and a
         message that is not there by then, goes through :meth:`irecv` and its rules.
         """
-        channel = None if src is None or tag < 0 else self._channels.get(src)
+        channel = None if src is None or tag < 0 else self._channel_for(src)
         if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
             taken = self._try_take(channel, array, tag)  # already there: no poll loop
             if taken is None:
@@ -436,8 +444,9 @@ class Engine:
         point-to-point call.
         """
         with self._lock:
-            self._channels = dict(channels.by_rank)
-            self._channel_list = list(channels.all)
+            self._channel_maker = channels
+            self._host_peers = frozenset(channels.ranks)
+            self._silent = [(rank, channels.announced(rank)) for rank in channels.ranks]
             self._shm_group = channels.group
         self._long_sleep = True  # the thread went to sleep before it had rings to look at
         # Only now may peers write into our rings: a socket message read before this point was
@@ -455,14 +464,47 @@ class Engine:
 
     def ring_serves(self, src: int | None, nbytes: int) -> bool:
         """Whether a user message of ``nbytes`` from ``src`` comes through a host peer's ring."""
-        return src is not None and nbytes <= INLINE_MAX_BYTES and src in self._channels
+        return src is not None and nbytes <= INLINE_MAX_BYTES and src in self._host_peers
+
+    def _rings_may_serve(self, src: int | None) -> bool:
+        """Whether a receive from ``src`` (None: any rank) may take its message from a ring."""
+        return bool(self._host_peers) if src is None else src in self._host_peers
 
     def _rings_for(self, src: int | None) -> list[Channel]:
-        """Return the rings a receive from ``src`` (None: any rank) may take a message from."""
-        if src is None:
-            return self._channel_list
-        channel = self._channels.get(src)
-        return [channel] if channel is not None else []
+        """Return the rings whose entries a receive from ``src`` (None: any rank) may take now:
+        ``src``'s, or every channel whose peer has written to this rank."""
+        if src is not None:
+            channel = self._channel_for(src)
+            return [channel] if channel is not None else []
+        if self._silent:
+            self._open_announced()
+        return self._channel_list
+
+    def _channel_for(self, rank: int) -> Channel | None:
+        """Return the channel to ``rank``, made now if it is a host peer without one yet; None
+        for a rank reached only over its socket."""
+        channel = self._channels.get(rank)
+        if channel is None and rank in self._host_peers:
+            channel = self._open_channel(rank)
+        return channel
+
+    def _open_channel(self, rank: int) -> Channel:
+        """Make the channel to host peer ``rank`` (once, whichever thread asks first)."""
+        with self._channel_lock:
+            channel = self._channels.get(rank)
+            if channel is None:
+                assert self._channel_maker is not None  # rank is a host peer: use_shm ran
+                channel = self._channel_maker.make(rank)
+                self._channels[rank] = channel
+                self._channel_list = [*self._channel_list, channel]
+                self._silent = [entry for entry in self._silent if entry[0] != rank]
+            return channel
+
+    def _open_announced(self) -> None:
+        """Make the channels of the host peers that have announced they write to this rank."""
+        for rank, announced in self._silent:
+            if announced():
+                self._open_channel(rank)
 
     def _drain(self, channel: Channel, done: list[tuple[RecvOp, Any]], *, force: bool) -> None:
         """Move ``channel``'s ring entries into the match table, in order (lock held).
@@ -512,6 +554,8 @@ class Engine:
         """
         if self._closed:
             return False
+        if self._silent:
+            self._open_announced()
         news = [channel for channel in self._channel_list if channel.has_news()]
         if not news:
             return False
@@ -830,7 +874,7 @@ class Engine:
                             self._sync_read_interest(peer)
                 if self._incoming:
                     self._drop_half_open()
-                if self._channel_list:
+                if self._host_peers:
                     self.poll_rings()
         except BaseException as exc:  # never die silently: fail everything pending
             self._crash(exc)
@@ -839,7 +883,7 @@ class Engine:
     def _select_timeout(self) -> float:
         """Sleep until the next probe is due or the next handshake times out."""
         timeout = self._probe_timeout()
-        if self._channel_list:
+        if self._host_peers:
             # Set before looking at the table: a receive posted after the look sees the flag
             # and wakes the thread. Ticking lingers after the last receive so that a stream of
             # receives does not wake the thread once each.
@@ -1048,7 +1092,7 @@ class Engine:
         peers = list(self._peers.values())
         deadline = time.perf_counter() + seconds
         polls = 0
-        rings = bool(self._channel_list)
+        rings = bool(self._host_peers)
         while not work.is_completed():
             if rings:
                 self.poll_rings()
@@ -1136,7 +1180,7 @@ class Engine:
     def _start_body(self, peer: Peer, tag: int, nbytes: int) -> None:
         """Route the body of a message whose header just arrived."""
         mismatched = None
-        channel = self._channels.get(peer.rank)
+        channel = self._channel_for(peer.rank)
         done: list[tuple[RecvOp, Any]] = []
         with self._lock:
             if channel is not None:  # ring entries sent before this message come first
@@ -1189,7 +1233,7 @@ class Engine:
         """Mark ``peer`` dead and fail the work that depended on it (progress thread)."""
         if peer.dead is not None:
             return
-        channel = self._channels.get(peer.rank)
+        channel = self._channel_for(peer.rank)
         if channel is not None:  # what it wrote into its ring before it left is delivered
             delivered: list[tuple[RecvOp, Any]] = []
             with self._lock:

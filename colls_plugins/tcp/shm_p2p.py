@@ -290,7 +290,11 @@ class Channel:
 
 
 class Channels:
-    """This rank's channels to every host peer, by group rank.
+    """Makes this rank's channels to its host peers, by group rank, when the engine needs them.
+
+    A rank of a 256-rank host would make 255 channels at startup and talk to few of them; made
+    on demand, they cost nothing until used (making them all was an eighth of a rank's CPU time
+    to the first barrier).
 
     Args:
         group: the host's shared memory (its segments carry pair areas).
@@ -299,12 +303,21 @@ class Channels:
     """
 
     def __init__(self, group: ShmGroup, ranks: Sequence[int]) -> None:
-        me = group.rank
-        self.by_rank = {
-            ranks[q]: Channel(ranks[q], group, me, q) for q in range(group.size) if q != me
-        }
-        self.all = list(self.by_rank.values())
         self.group = group
+        self._index = {ranks[q]: q for q in range(group.size) if q != group.rank}
+
+    @property
+    def ranks(self) -> list[int]:
+        """The group ranks of the host peers, in host order."""
+        return list(self._index)
+
+    def make(self, rank: int) -> Channel:
+        """Return a new channel to host peer ``rank`` (its group rank)."""
+        return Channel(rank, self.group, self.group.rank, self._index[rank])
+
+    def announced(self, rank: int) -> Callable[[], bool]:
+        """Return a test of whether host peer ``rank`` has said it writes to this rank."""
+        return self.group.announced_by(self._index[rank])
 
     @staticmethod
     def available(group: ShmGroup | None) -> bool:

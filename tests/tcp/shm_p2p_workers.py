@@ -26,7 +26,7 @@ def _payload(index: int, size: int) -> np.ndarray:
 
 
 def _channel(peer: int):  # noqa: ANN202 - a Channel of the tcp engine
-    return _dispatch.default_group().backend._engine._channels[peer]
+    return _dispatch.default_group().backend._engine._channel_for(peer)
 
 
 def ordered_stream(rank: int, world: int) -> dict[str, int]:
