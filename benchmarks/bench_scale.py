@@ -135,7 +135,8 @@ def worker(subgroups: int) -> None:
              "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
              "sockets": _sockets(), "pid": os.getpid()}
     size, rank = colls.get_world_size(), colls.get_rank()
-    requests = _store_requests()  # before the gather: the setup's requests only
+    # Before the gather: the setup's requests only (rank 0 alone asks, one STATS request)
+    requests = _store_requests() if rank == 0 else {}
     gathered = [np.zeros(len(stats)) for _ in range(size)]
     colls.all_gather(gathered, np.array(list(stats.values()), dtype=np.float64))
     sub = _subgroups(colls, np, subgroups) if subgroups else None

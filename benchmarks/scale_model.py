@@ -27,7 +27,8 @@ Startup model, L ranks per host on H hosts (N = H·L), the host's ranks sharing 
 * launch: a preloaded launcher forks each rank, which then runs colls' setup: ``c_launch`` of a
   core per rank (its own store requests included);
 * shared memory: each rank maps its L−1 host peers' segments: ``c_peer`` of a core per pair;
-* the store: one server thread answers every request of the job, ``t_req`` each. Requests per
+* the store: one server loop (in colls-run's store process) answers every request of the job,
+  ``t_req`` each. Requests per
   rank are constant: 9 for the rendezvous, the host map and the tcp address, and 5 for the
   shared-memory setup, whose two rounds go through each host's first rank
   (colls_plugins/tcp/shm_setup.py); 14 in all, measured at every size from 32 to 256 (14.4 at
@@ -63,8 +64,8 @@ PER_HOST = 8
 HOSTS = (16, 32, 64, 128, 256, 512, 1024)
 SIZES = {"8 B": 8, "1 MiB": 1 << 20, "256 MiB": 256 << 20}
 #: Startup parameters: fitted by --check; these defaults are its fit to the figures of
-#: docs/benchmarks.md "Scale" of 2026-12-02 14:35 (this 2-core host, quiet).
-PARAMS = {"c_launch": 0.0124, "c_peer": 3.4e-5, "t_req": 86e-6, "s_rank": 2.73e-3}
+#: docs/benchmarks.md "Scale" of 2026-12-02 16:30 (this 2-core host; the store served by colls-run).
+PARAMS = {"c_launch": 0.0131, "c_peer": 2.7e-5, "t_req": 86e-6, "s_rank": 3.34e-3}
 #: Seconds from starting colls-run to its first fork (see the module docstring).
 LAUNCHER_S = 0.14
 #: Store requests per rank: the rendezvous, the host map and the tcp address; then the shared-
