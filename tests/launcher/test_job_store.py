@@ -202,3 +202,33 @@ def test_torch_distributed_binds_master_port_beside_colls_in_one_job(write_scrip
 def _free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as sock:
         return int(sock.getsockname()[1])
+
+
+def test_a_dead_rank_0_is_named_by_every_survivor_while_the_store_lives(write_script,
+                                                                        run_launcher, tmp_path):
+    """Rank 0 serves no store under colls-run: its death is a rank's death, not the store's."""
+    script = write_script("dead0.py", """
+        import json, os, sys
+        import numpy as np
+        import colls
+
+        colls.init_process_group("tcp", timeout=30.0)
+        rank = colls.get_rank()
+        colls.barrier()
+        if rank == 0:
+            os._exit(0)  # vanishes; exit status 0, so colls-run stops no one
+        try:
+            colls.all_reduce(np.ones(4))
+            error = None
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+            json.dump({"error": error}, f)
+    """)
+    result = run_launcher("--nproc-per-node", "4", str(script), str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for rank in (1, 2, 3):
+        error = json.loads((tmp_path / f"rank{rank}.json").read_text())["error"]
+        assert error is not None and error.startswith("BackendError"), (rank, error)
+        assert "world rank 0 died" in error, (rank, error)
+        assert "TCPStore" not in error, (rank, error)  # the store lives on
