@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 from launch_helpers import LAUNCH_TIMEOUT_S, launcher_command, launcher_env
 
+from colls.run import job_store
 from colls.run.config import LaunchConfig
 from colls.run.processes import launch
+from colls.store.tcp_server import StoreServer
 
 pytestmark = pytest.mark.timeout(int(LAUNCH_TIMEOUT_S) * 2)
 
@@ -154,6 +156,18 @@ def test_a_launcher_with_threads_serves_the_store_from_a_thread(tmp_path, monkey
     for name, value in launcher_env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("COLLS_AUTH_TOKEN", raising=False)
+    served_from: list[str] = []
+    real_start = StoreServer.start
+
+    def record_start(server: StoreServer) -> None:
+        served_from.append(threading.current_thread().name)
+        real_start(server)
+
+    def no_fork() -> int:
+        raise AssertionError("a launcher with threads forked its store process")
+
+    monkeypatch.setattr(StoreServer, "start", record_start)
+    monkeypatch.setattr(job_store.forking, "fork_helper", no_fork)
     busy = threading.Event()
     other = threading.Thread(target=busy.wait, daemon=True)  # this program's own thread
     other.start()
@@ -161,6 +175,7 @@ def test_a_launcher_with_threads_serves_the_store_from_a_thread(tmp_path, monkey
         config = LaunchConfig(str(script), (str(tmp_path),), nproc_per_node=3,
                               master_port=_free_port(), start_method="exec", store_port=0)
         assert launch(config) == 0
+        assert served_from == [threading.current_thread().name]  # its loop: a thread of ours
     finally:
         busy.set()
     reports = _reports(tmp_path, 3)
