@@ -112,18 +112,21 @@ def main() -> None:
           "time = wall us per call incl. launch")
     print(f"{'size(B)':>12} {'colls us':>10} {'cupyx us':>10} {'torch us':>10} "
           f"{'colls/cupyx':>12} {'colls/torch':>12} {'#wrong':>7}")
-    for size in SIZES:
-        ours, wrong = _colls(size, args.iters)
-        theirs = _cupyx(comm, size, args.iters) if comm is not None else float("nan")
-        torchs = _torch(size, args.iters) if torch_missing is None else float("nan")
-        print(f"{size:>12} {ours:>10.1f} {theirs:>10.1f} {torchs:>10.1f} "
-              f"{ours / theirs:>12.2f} {ours / torchs:>12.2f} {wrong:>7}")
-    colls.destroy_process_group()
-    if torch_missing is None:
-        import torch.distributed as dist
+    try:
+        for size in SIZES:
+            ours, wrong = _colls(size, args.iters)
+            theirs = _cupyx(comm, size, args.iters) if comm is not None else float("nan")
+            torchs = _torch(size, args.iters) if torch_missing is None else float("nan")
+            print(f"{size:>12} {ours:>10.1f} {theirs:>10.1f} {torchs:>10.1f} "
+                  f"{ours / theirs:>12.2f} {ours / torchs:>12.2f} {wrong:>7}")
+    finally:  # cupyx's store server is a non-daemon process: left running, exit would hang
+        if comm is not None:
+            comm.stop()
+        colls.destroy_process_group()
+        if torch_missing is None:
+            import torch.distributed as dist
 
-        dist.destroy_process_group()
-
+            dist.destroy_process_group()
 
 if __name__ == "__main__":
     main()

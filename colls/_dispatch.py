@@ -325,18 +325,19 @@ def call_timeout(timeout: Any, *, op: str) -> float | None:
 # -- submission ---------------------------------------------------------------------------------
 
 
-def _caller_stream() -> Any:
-    """Return the caller's current CUDA stream when the call has a CUDA array, else None.
+def _caller_stream() -> tuple[Any, Any] | None:
+    """Return the caller's current CUDA device and stream when the call has a CUDA array.
 
     A backend that runs kernels orders them after this stream; the job may run on the group's
-    executor thread, where CuPy's current stream (per thread) would be another. A call on CPU
-    arrays never touches CUDA, even where CuPy is imported.
+    executor thread, where CuPy's current device and stream (per thread) would be others: the
+    job runs with both made current. A call on CPU arrays returns None and never touches CUDA,
+    even where CuPy is imported.
     """
     if not getattr(_call, "cuda", False):
         return None
     import cupy  # a CUDA array was imported, through CuPy
 
-    return cupy.cuda.get_current_stream()
+    return cupy.cuda.Device(), cupy.cuda.get_current_stream()
 
 
 def _tag_only(job: Callable[[int], Any], _unused: None, tag: int) -> Any:
@@ -370,15 +371,17 @@ def submit(
     check_seq = pg.next_sequence() if health.detail else None
     seq = pg.next_sequence()
     tag = fingerprint.collective_tag(seq, record.signature())
-    stream = _caller_stream()
+    caller = _caller_stream()
 
-    if check_seq is None and stream is None:  # the usual case: the job itself, no wrapper
+    if check_seq is None and caller is None:  # the usual case: the job itself, no wrapper
         return pg.run(functools.partial(health.run, op, seq, _tag_only, job, None, tag), op=op,
                       async_op=async_op, timeout=timeout)
 
     fence = None
-    if stream is not None and async_op:  # the caller's stream waits only in Work.wait()
-        stream, fence = streams.side_stream(stream)
+    if caller is not None:
+        device, stream = caller
+        if async_op:  # the caller's stream waits only in Work.wait()
+            stream, fence = streams.side_stream(stream)
 
     def checked_job(tag: int) -> Any:
         if check_seq is not None:
@@ -386,9 +389,9 @@ def submit(
                 check_seq, fingerprint.FINGERPRINT_RECORD.signature()
             )
             fingerprint.check_across_ranks(pg, record, seq, check_tag)
-        if stream is None:
+        if caller is None:
             return job(tag)
-        with stream:  # current on whichever thread runs the job (colls.streams)
+        with device, stream:  # current on whichever thread runs the job (colls.streams)
             result = job(tag)
             if fence is not None:
                 fence.seal()

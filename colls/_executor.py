@@ -80,6 +80,20 @@ class SerialExecutor:
                 self._take_for_queue()
         self._enqueue(job, work)
 
+    def wait_until_drained(self, timeout: float) -> bool:
+        """Wait until every job submitted so far has run, or ``timeout`` seconds.
+
+        Returns whether it drained. Jobs that later calls submit meanwhile are waited for too.
+        """
+        deadline = time.monotonic() + timeout
+        pause = _TOKEN_WAIT_FIRST_S
+        while self._pending:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, _TOKEN_WAIT_MAX_S)
+        return True
+
     def _take_for_queue(self) -> None:
         """Take the token for the queue, waiting while an inline job holds it (``_state`` held)."""
         pause = _TOKEN_WAIT_FIRST_S

@@ -59,12 +59,14 @@ class _GroupPlans:
         # The group's bound callables :func:`_run` calls, looked up once.
         self.claim, self.release = pg.claim_inline, pg.release_inline
         self.next_sequence, self.run = pg.next_sequence, pg.health.run
-        # A backend without CPU arrays has NumPy arrays refused by the device check.
-        self.p2p = "cpu" in backend.devices
+        # A backend without CPU arrays has NumPy arrays refused by the device check; one whose
+        # point-to-point waits for queued collectives takes the general path, which waits.
+        host_arrays = "cpu" in backend.devices
+        self.p2p = host_arrays and not backend.p2p_after_queued_collectives
         # COLLS_DEBUG=detail exchanges fingerprints first, and a backend with a check_reduction
         # hook vets each op: collectives of such groups take the general path.
         self.usable = (
-            self.p2p
+            host_arrays
             and not pg.health.detail
             and getattr(backend, "check_reduction", None) is None
         )

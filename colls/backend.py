@@ -85,6 +85,11 @@ class Backend(ABC):
 
     #: Devices whose arrays this backend moves ("cpu", "cuda").
     devices: tuple[str, ...] = ("cpu",)
+    #: Whether point-to-point must wait until the collectives queued before it have run. A
+    #: backend whose collectives return once launched (nccl) sets it: its point-to-point runs on
+    #: the caller's thread, and its collectives on the group's, so without the wait two ranks
+    #: could launch the same calls in different orders on one communicator and deadlock.
+    p2p_after_queued_collectives: bool = False
 
     def __init__(
         self, store: Store, rank: int, world_size: int, options: BackendOptions

@@ -207,6 +207,10 @@ def _import_cpu(
 def _import_cuda(
     obj: Any, _device_type: int, writable: bool, arg: str, op: str, rank: int | None
 ) -> Buffer:
+    if writable and _framework(obj) == "jax":
+        # JAX arrays are immutable, but JAX exports a legacy capsule without the read-only
+        # flag, and CuPy would not read the flag anyway: refuse before writing into one.
+        raise _read_only_error(obj, arg, op, rank)
     try:
         import cupy
     except ImportError:
@@ -235,7 +239,8 @@ def _cuda_view_via_ctypes(
     cupy: Any, obj: Any, arg: str, op: str, rank: int | None
 ) -> tuple[Any, DType, bool]:
     """Wrap CUDA memory from a capsule as a CuPy array of holding dtype (zero copy)."""
-    stream = cupy.cuda.get_current_stream().ptr or _CUDA_LEGACY_DEFAULT_STREAM
+    with cupy.cuda.Device(obj.__dlpack_device__()[1]):  # the consumer's stream on its device
+        stream = cupy.cuda.get_current_stream().ptr or _CUDA_LEGACY_DEFAULT_STREAM
 
     class _WithStream:  # make the producer order its work before ours, as the spec asks
         def __dlpack__(self, **kwargs: Any) -> Any:

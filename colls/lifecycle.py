@@ -176,6 +176,41 @@ def new_group(
         return pg
 
 
+def device_group(pg: ProcessGroup, device: str, backend: str, pg_options: Any = None
+                 ) -> ProcessGroup:
+    """Give ``pg`` a group over its members for ``device`` arrays, on ``backend``.
+
+    A device map such as torch's ``"cpu:gloo,cuda:nccl"`` gives one group a backend per device:
+    an adapter (colls_torch) runs a call on ``pg.device_groups[device]`` when its arrays live
+    there. The new group has ``pg``'s members, timeout and name (suffixed ``/device``), a store
+    of its own and its own call order; it is not counted as a group of its own, and it is
+    closed with ``pg``. Every member must call this, in the same order, as for new_group.
+
+    Raises:
+        ValueError: ``pg`` already has a group for ``device``.
+        BackendUnavailableError: ``backend`` is unknown or unusable here.
+    """
+    from colls.store import PrefixStore
+
+    with REGISTRY.lock:
+        if device in pg.device_groups:
+            raise ValueError(f"group {pg.name!r} already has a group for {device} arrays")
+        spec = plugin_manager.resolve_backend(backend)
+        name = f"{pg.name}/{device}"
+        group_store = PrefixStore(f"device_group/{name}", REGISTRY.world_store)
+        options = BackendOptions(
+            timeout=pg.timeout, group_name=name, global_ranks=pg.global_ranks,
+            extra=MappingProxyType(dict(pg_options or {})),
+        )
+        backend_obj = spec.create(group_store, int(pg.rank), int(pg.size), options)
+        companion = ProcessGroup(
+            name=name, global_ranks=pg.global_ranks, my_global_rank=REGISTRY.world_rank,
+            backend_name=spec.name, backend=backend_obj, store=group_store, timeout=pg.timeout,
+        )
+        pg.device_groups[device] = companion
+        return companion
+
+
 def _check_ranks(ranks: Sequence[int] | None, world_size: int) -> list[int]:
     if ranks is None:
         return list(range(world_size))

@@ -31,6 +31,12 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     return pg.backend.isend(array, peer, tag)
 
 
+def _after_queued_collectives(pg: ProcessGroup) -> None:
+    """Let the group's queued collectives run first where the backend needs that (nccl)."""
+    if pg.backend.p2p_after_queued_collectives:
+        pg.wait_for_queued_jobs()
+
+
 def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None
                   ) -> tuple[ProcessGroup, Any, int] | None:
     """Check a send's arguments; return (group, array, group rank of dst) or None (non-member)."""
@@ -41,7 +47,9 @@ def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst:
     peer = d.group_rank_of(pg, dst, group_dst, arg="dst", op="isend")
     d.check_peer(pg, peer, arg="dst", op="isend")
     d.check_tag(tag, op="isend")
-    return pg, d.buffer(tensor, arg="tensor", op="isend", writable=False).array, peer
+    array = d.buffer(tensor, arg="tensor", op="isend", writable=False).array
+    _after_queued_collectives(pg)
+    return pg, array, peer
 
 
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -71,14 +79,30 @@ def _checked_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src:
     peer = d.group_rank_of(pg, src, group_src, arg="src", op="irecv", allow_any=True)
     d.check_peer(pg, peer, arg="src", op="irecv")
     d.check_tag(tag, op="irecv")
-    return pg, d.buffer(tensor, arg="tensor", op="irecv", writable=True), peer
+    buf = d.buffer(tensor, arg="tensor", op="irecv", writable=True)
+    _after_queued_collectives(pg)
+    return pg, buf, peer
 
 
 def _written_back(work: Work, buf: Buffer) -> Work:
     """Return ``work``, followed by the copy into the caller's array when ``buf`` is staged."""
     if not buf.staged:
         return work
-    return chain(work, lambda sender: (buf.write_back(), sender)[1])
+
+    def write_back(sender: int) -> int:
+        if buf.device != "cuda":
+            buf.write_back()
+            return sender
+        import cupy
+
+        # On a backend's thread, outside the caller's stream order: the copy runs on the
+        # array's GPU and must have landed before the Work completes.
+        with buf.array.device:
+            buf.write_back()
+            cupy.cuda.get_current_stream().synchronize()
+        return sender
+
+    return chain(work, write_back)
 
 
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,

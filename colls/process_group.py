@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from colls._executor import SerialExecutor
+from colls.errors import CollsTimeoutError
 from colls.fingerprint import collective_tag
 from colls.health import GroupHealth
 from colls.work import Work
@@ -81,6 +82,10 @@ class ProcessGroup:
         self.plans: Any = None
         self.destroyed = False
         self.health = GroupHealth(self)
+        #: Groups over the same members for arrays of another device, keyed by device type
+        #: (torch's device map "cpu:gloo,cuda:nccl": :func:`colls.lifecycle.device_group`).
+        #: Closed with this group.
+        self.device_groups: dict[str, ProcessGroup] = {}
 
     # -- rank translation (the only place it happens) ------------------------------------------
 
@@ -93,6 +98,19 @@ class ProcessGroup:
         return self.global_ranks[group_rank]
 
     # -- running collectives ---------------------------------------------------------------------
+
+    def wait_for_queued_jobs(self) -> None:
+        """Return once the collectives queued so far have run (a backend's
+        ``p2p_after_queued_collectives``).
+
+        Raises:
+            CollsTimeoutError: they did not within the group's timeout.
+        """
+        if not self._executor.wait_until_drained(self.timeout):
+            raise CollsTimeoutError(
+                f"group {self.name!r} (rank {self.rank} of {self.size}): the collectives "
+                f"queued before this point-to-point call did not run within {self.timeout:.1f} s"
+            )
 
     def next_tag(self) -> int:
         """Return the tag of the next collective: negative, unique, same sequence on every rank."""
@@ -123,6 +141,8 @@ class ProcessGroup:
         if self.destroyed:
             return
         self.destroyed = True
+        for other in self.device_groups.values():
+            other.close()
         self.health.close()
         self._executor.close()
         self.backend.close()

@@ -129,9 +129,10 @@ class CupyCopier:
 
         self._cupy = cupy
         self._base = array.data  # a MemoryPointer to the first byte
-        self._down = cupy.cuda.Stream(non_blocking=True)
-        self._up = cupy.cuda.Stream(non_blocking=True)
         ready = cupy.cuda.get_current_stream().record()
+        with array.device:  # the copies' streams belong to the array's GPU
+            self._down = cupy.cuda.Stream(non_blocking=True)
+            self._up = cupy.cuda.Stream(non_blocking=True)
         self._down.wait_event(ready)
         self._up.wait_event(ready)
 

@@ -57,6 +57,24 @@ class StreamFence:
             cupy.cuda.get_current_stream().wait_event(self._event)
 
 
+class FenceGroup:
+    """Several fences as one: the Work of several asynchronous calls (``all_done``)."""
+
+    __slots__ = ("_fences",)
+
+    def __init__(self, fences: list[StreamFence]) -> None:
+        self._fences = fences
+
+    def query(self) -> bool:
+        """Return whether the device work before every fence has finished."""
+        return all(fence.query() for fence in self._fences)
+
+    def order_current_stream(self) -> None:
+        """Make the calling thread's current stream wait on every fence."""
+        for fence in self._fences:
+            fence.order_current_stream()
+
+
 _pool = threading.local()
 
 

@@ -19,6 +19,7 @@ from typing import Any, final
 
 from colls.completion import Completion
 from colls.errors import CollsTimeoutError
+from colls.streams import FenceGroup
 
 
 def seconds(timeout: float | datetime.timedelta | None) -> float | None:
@@ -165,6 +166,9 @@ class Work:
 def all_done(works: list[Work], *, description: str) -> Work:
     """Return one Work that completes when every Work in ``works`` has (first failure wins)."""
     combined = Work(description=description)
+    fences = [work._fence for work in works if work._fence is not None]
+    if fences:  # CUDA work: the combined Work's wait() orders the stream after every part's
+        combined.order_streams_after(fences[0] if len(fences) == 1 else FenceGroup(fences))
     remaining = len(works)
     if remaining == 0:
         combined.set_result(None)
@@ -194,6 +198,7 @@ def chain(work: Work, after: Callable[[Any], Any]) -> Work:
     A failure of ``work`` (or of ``after``) fails the returned Work; nothing is swallowed.
     """
     chained = Work(description=work.description, default_timeout=work.default_timeout)
+    chained._fence = work._fence  # ``after`` runs on the host: the device work is ``work``'s
 
     def _done(inner: Work) -> None:
         exc = inner.exception()

@@ -15,7 +15,8 @@ error saying so. Point-to-point requests complete on a :class:`~.progress.Progre
 
 CUDA arrays (CuPy) go to MPI directly when :func:`~.runtime.cuda_aware` says the library accepts
 device memory; otherwise they are staged through host memory, never handed to an MPI that would
-dereference a device pointer.
+dereference a device pointer. Reductions are staged either way (see ``host_staged``'s
+``reduces``): nonblocking reductions and user-defined ops do not take device memory everywhere.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
 
 from colls.backend import Backend, every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
@@ -160,7 +163,7 @@ class MpiBackend(Backend):
         if is_device_array(array):
             synchronize_device()  # the caller's stream may still use the buffer
             if not self.cuda_aware:
-                host = array.get()
+                host = np.empty(array.shape, dtype=array.dtype)  # the receive writes it whole
                 return copy_back_when_done(self.irecv(host, src, tag), array, host)
         what = f"irecv from {'any rank' if src is None else f'rank {src}'} with tag {tag}"
         if src is not None:
@@ -236,7 +239,7 @@ class MpiBackend(Backend):
 
     # -- collectives -------------------------------------------------------------------------
 
-    @host_staged()
+    @host_staged(reduces=True)
     def all_reduce(self, array: Any, op: ReduceSpec, tag: int) -> None:
         """``MPI_Iallreduce`` in place."""
         datatype, mpi_op = self._reductions.lookup(op)
@@ -248,7 +251,7 @@ class MpiBackend(Backend):
         """``MPI_Ibcast`` of ``array``'s bytes from ``root``."""
         self._collective("broadcast", self._comm.Ibcast, [array, self._BYTE], root)
 
-    @host_staged()
+    @host_staged(reduces=True)
     def reduce(self, array: Any, root: int, op: ReduceSpec, tag: int) -> None:
         """``MPI_Ireduce``: in place at the root; other ranks' arrays are only read."""
         datatype, mpi_op = self._reductions.lookup(op)
@@ -276,7 +279,7 @@ class MpiBackend(Backend):
         send = None if input is None else [input, self._BYTE]
         self._collective("scatter", self._comm.Iscatter, send, [output, self._BYTE], root)
 
-    @host_staged(arrays=(0, 1))
+    @host_staged(arrays=(0, 1), reduces=True)
     def reduce_scatter(self, output: Any, input: Any, op: ReduceSpec, tag: int) -> None:
         """``MPI_Ireduce_scatter_block``: rank r gets the reduction of block r."""
         datatype, mpi_op = self._reductions.lookup(op)

@@ -123,26 +123,48 @@ def cuda_aware() -> bool:
     """Return whether MPI may be handed CUDA device pointers.
 
     ``COLLS_MPI_CUDA_AWARE`` decides when set (1/0); otherwise the MPI library is asked:
-    ``MPI.Query_cuda_support()`` (mpi4py's wrapper of ``MPIX_Query_cuda_support``) where it
-    exists, else the MPI-4.1 ``mpi_memory_alloc_kinds`` info of ``MPI_COMM_WORLD``. Anything
-    that cannot be determined counts as not CUDA-aware, so device memory is staged through the
-    host instead of risking a crash inside MPI.
+    ``MPIX_Query_cuda_support()``, the extension MPICH and Open MPI both export (mpi4py does
+    not wrap it: :func:`_mpix_cuda_support` calls it in the loaded library), else the MPI-4.1
+    ``mpi_memory_alloc_kinds`` info of ``MPI_COMM_WORLD``. Anything that cannot be determined
+    counts as not CUDA-aware, so device memory is staged through the host instead of risking a
+    crash inside MPI.
     """
     forced = _forced_cuda_awareness()
     if forced is not None:
         return forced
     MPI = initialized_mpi()
-    query = getattr(MPI, "Query_cuda_support", None)
-    if query is not None:
-        try:
-            return bool(query())
-        except Exception:  # an MPI without the extension raises NotImplementedError
-            pass
+    answer = _mpix_cuda_support()
+    if answer is not None:
+        return answer
     try:
         kinds = MPI.COMM_WORLD.Get_info().Get("mpi_memory_alloc_kinds") or ""
     except Exception:  # MPI older than 4.1
         return False
     return any(kind.strip() in _CUDA_KINDS for kind in kinds.split(","))
+
+
+def _mpix_cuda_support() -> bool | None:
+    """Return what the loaded MPI library's ``MPIX_Query_cuda_support()`` says, or None.
+
+    None: no MPI library is mapped into the process under a name holding "libmpi", or it lacks
+    the symbol (an MPI built without CUDA support may).
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libmpi" in line and "/" in line}
+    except OSError:  # not Linux
+        return None
+    for path in sorted(paths):
+        try:
+            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
+        except OSError:
+            continue
+        if query is not None:
+            query.restype, query.argtypes = ctypes.c_int, []
+            return bool(query())
+    return None
 
 
 def _forced_cuda_awareness() -> bool | None:

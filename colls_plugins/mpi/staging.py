@@ -28,13 +28,18 @@ def is_device_array(value: Any) -> bool:
 
 
 def host_staged(
-    arrays: tuple[int, ...] = (0,), outputs: tuple[int, ...] = (0,)
+    arrays: tuple[int, ...] = (0,), outputs: tuple[int, ...] = (0,), *, reduces: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a backend method to run on host copies of CUDA arrays unless MPI is CUDA-aware.
 
     Args:
         arrays: positions (after ``self``) of the array arguments: ``(0,)`` or ``(0, 1)``.
         outputs: positions of the arrays the method writes; their host copies are copied back.
+        reduces: the method reduces: it is staged even on a CUDA-aware MPI. The backend runs
+            reductions as nonblocking collectives (so the group timeout applies), which Open
+            MPI's CUDA support does not take device pointers for, and its float16, bfloat16 and
+            float MIN/MAX reductions are user-defined ops, which read their buffers as host
+            memory.
     """
     if arrays not in ((0,), (0, 1)):
         raise ValueError(f"host_staged: arrays must be (0,) or (0, 1), got {arrays}")
@@ -48,7 +53,7 @@ def host_staged(
             for i in arrays:
                 value = args[i]
                 if value is not None and type(value) is not np.ndarray:
-                    return _run_staged(self, method, args, arrays, outputs)
+                    return _run_staged(self, method, args, arrays, outputs, reduces)
             return method(self, *args)
 
         arity = len(signature.parameters) - 1
@@ -95,12 +100,12 @@ def _host_front(method: Callable[..., Any], general: Callable[..., Any], arity: 
 
 
 def _run_staged(backend: MpiBackend, method: Callable[..., Any], args: tuple[Any, ...],
-                arrays: tuple[int, ...], outputs: tuple[int, ...]) -> Any:
+                arrays: tuple[int, ...], outputs: tuple[int, ...], reduces: bool) -> Any:
     devices = [i for i in arrays if is_device_array(args[i])]
     if not devices:  # an ndarray subclass, or an array MPI reads through the buffer protocol
         return method(backend, *args)
     synchronize_device()
-    if backend.cuda_aware:
+    if backend.cuda_aware and not reduces:
         return method(backend, *args)
     host = list(args)
     for i in devices:
@@ -123,7 +128,14 @@ def copy_back_when_done(work: Work, device_array: Any, host: np.ndarray) -> Work
     """Return a Work that copies ``host`` into ``device_array`` once ``work`` succeeds."""
 
     def copy_back(sender: int) -> int:
-        device_array.set(host)
+        import cupy
+
+        # On the progress thread, outside the caller's stream order: the copy must have landed
+        # before the Work completes.
+        with device_array.device:
+            stream = cupy.cuda.Stream(non_blocking=True)
+            device_array.set(host, stream=stream)
+            stream.synchronize()
         return sender
 
     return chain(work, copy_back)

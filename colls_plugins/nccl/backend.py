@@ -14,9 +14,14 @@ Streams, as torch's ProcessGroupNCCL orders them:
   side stream current and hands the Work a fence on it (:mod:`colls.streams`), so the caller's
   stream waits only in ``Work.wait()`` and ``is_completed()`` queries the event, as in torch. To
   wait on the host, synchronize the stream (or call ``barrier``).
-* Point-to-point runs on two streams of its own, one for sends and one for receives, so a send
-  and a receive posted in either order on two ranks cannot deadlock. Its Work completes when the
-  transfer's event has fired (the watchdog sees it), so ``wait()`` blocks the host.
+* Point-to-point runs on two streams of its own, one for sends and one for receives. That does
+  not make a send and a receive posted one at a time safe in either order: NCCL promises no
+  progress of two operations of one communicator at once, so two ranks that each send before
+  they receive may wait on each other (as under torch). ``batch_isend_irecv`` launches its
+  operations as one NCCL group, which is safe in any order. A point-to-point Work completes when
+  the transfer's event has fired (the watchdog sees it), so ``wait()`` blocks the host.
+* NCCL calls on one communicator must not run on two threads at once: every launch holds the
+  backend's launch lock (collectives run on the group's thread, point-to-point on the caller's).
 * The arrays of every launched operation stay referenced until its event has fired.
 
 Fail fast: the watchdog (:mod:`~colls_plugins.nccl.inflight`) aborts the communicator
@@ -91,9 +96,15 @@ class NcclBackend(Backend):
             self._recv_stream = cupy.cuda.Stream(non_blocking=True)
             self._one = cupy.zeros(1, dtype=cupy.int32)  # barrier's all_reduce operand
         self._lock = threading.Lock()
+        #: Held while NCCL calls are enqueued (never while waiting for the GPU); abort() does not
+        #: take it, since it is what unblocks a launch stuck on a dead peer.
+        self._launch_lock = threading.Lock()
+        #: Held while the communicator is queried or aborted: abort() frees it.
+        self._query_lock = threading.Lock()
         self._broken: CollsError | None = None
         self._closed = False
-        self._inflight = InFlight(self._device, self.timeout, self._check_async, self._fail)
+        self._inflight = InFlight(self._device, self.timeout, self._check_async, self._fail,
+                                  lambda event: cupy.cuda.runtime.eventQuery(event.ptr))
 
     # -- creation ------------------------------------------------------------------------------
 
@@ -106,7 +117,7 @@ class NcclBackend(Backend):
             try:
                 with self._device:
                     made.append(
-                        self._nccl.NcclCommunicator(self.world_size, unique_id, self.rank)
+                        runtime.new_communicator(self._nccl, self.world_size, unique_id, self.rank)
                     )
             except BaseException as exc:
                 failed.append(exc)
@@ -124,6 +135,9 @@ class NcclBackend(Backend):
         return made[0]
 
     # -- the hooks the core calls --------------------------------------------------------------
+
+    #: Point-to-point must launch after the collectives queued before it (see Backend).
+    p2p_after_queued_collectives = True
 
     def check_reduction(self, spec: ReduceSpec, *, op_name: str, rank: int) -> None:
         """Refuse a (dtype, op) NCCL cannot reduce, before the call is submitted.
@@ -353,13 +367,14 @@ class NcclBackend(Backend):
         with self._device:
             caller = cupy.cuda.get_current_stream()
             stream = self._stream
-            stream.wait_event(_recorded(cupy, caller))
-            with stream:
-                try:
-                    made = launch(stream.ptr)
-                except Exception as exc:
-                    self._raise_translated(exc, what)
-            done = _recorded(cupy, stream)
+            with self._launch_lock:
+                stream.wait_event(_recorded(cupy, caller))
+                with stream:
+                    try:
+                        made = launch(stream.ptr)
+                    except Exception as exc:
+                        self._raise_translated(exc, what)
+                done = _recorded(cupy, stream)
             caller.wait_event(done)
         self._inflight.add(what, done, (keep, made))
         return done
@@ -369,7 +384,7 @@ class NcclBackend(Backend):
         """Launch a send or receive on ``stream`` after the caller's stream; return its Work."""
         self._check_usable(what)
         cupy = self._cupy
-        with self._device:
+        with self._device, self._launch_lock:
             stream.wait_event(_recorded(cupy, cupy.cuda.get_current_stream()))
             try:
                 if data.size:
@@ -470,10 +485,11 @@ class NcclBackend(Backend):
 
     def _check_async(self) -> None:
         """Raise the colls error for an asynchronous NCCL error (a peer died), if any."""
-        if self._broken is not None:
-            return  # aborted (or being aborted): the communicator must not be queried
         try:
-            self._comm.check_async_error()
+            with self._query_lock:
+                if self._broken is not None:
+                    return  # aborted (or being aborted): the communicator must not be queried
+                self._comm.check_async_error()
         except Exception as exc:
             error = errors.translate(exc, self._nccl.NcclError, what=self._where)
             if error is None:
@@ -491,9 +507,10 @@ class NcclBackend(Backend):
 
     def _abort_communicator(self) -> None:
         comm = self._comm
-        if getattr(comm, "comm", 0):  # CuPy sets it to 0 once aborted or destroyed
-            with self._device:
-                comm.abort()
+        with self._query_lock:
+            if getattr(comm, "comm", 0):  # CuPy sets it to 0 once aborted or destroyed
+                with self._device:
+                    comm.abort()
 
 
 def _recorded(cupy: Any, stream: Any) -> Any:
@@ -515,7 +532,8 @@ def _chunks(data: Any, sizes: Sequence[int]) -> list[Any]:
 def _uuid(cupy: Any, index: int) -> str:
     """Return CUDA device ``index``'s UUID ("GPU-..."), unique across hosts."""
     raw = cupy.cuda.runtime.getDeviceProperties(index).get("uuid", b"")
-    if isinstance(raw, (bytes, bytearray)) and raw:
+    # CuPy reads the 16 bytes as a C string: cut at a zero byte, or longer. Only 16 are the UUID.
+    if isinstance(raw, (bytes, bytearray)) and len(raw) == 16:
         hexed = bytes(raw).hex()
         return f"GPU-{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:32]}"
     import socket  # an old CuPy without the UUID: the host and the PCI bus id are unique too

@@ -22,10 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from colls.errors import CollsError, CollsTimeoutError
+from colls.errors import BackendError, CollsError, CollsTimeoutError
 from colls.work import Work
 
 __all__ = ["InFlight"]
+
+#: cudaEventQuery's results: the event fired, or the work before it has not finished yet.
+CUDA_SUCCESS: Final = 0
+CUDA_NOT_READY: Final = 600
 
 #: Seconds between two polls of the pending events while any are pending: short against NCCL's
 #: latencies on a large message, long enough that the thread costs little CPU.
@@ -50,6 +54,8 @@ class InFlight:
         timeout: seconds an operation may stay pending before the group fails.
         check_async: called on every poll; raises the colls error NCCL reported, if any.
         on_failure: called once, from the watchdog thread, with the error that failed the group.
+        query: returns an event's cudaEventQuery status (:data:`CUDA_SUCCESS`,
+            :data:`CUDA_NOT_READY`, or an error, which fails the group).
     """
 
     def __init__(
@@ -58,8 +64,10 @@ class InFlight:
         timeout: float,
         check_async: Callable[[], None],
         on_failure: Callable[[CollsError], None],
+        query: Callable[[Any], int],
     ) -> None:
         self._device = device
+        self._query = query
         self._timeout = timeout
         self._check_async = check_async
         self._on_failure = on_failure
@@ -140,8 +148,14 @@ class InFlight:
         now = time.monotonic()
         done = []
         for entry in entries:
-            if entry.event.done:
+            status = self._query(entry.event)
+            if status == CUDA_SUCCESS:
                 done.append(entry)
+            elif status != CUDA_NOT_READY:  # a sticky CUDA error: nothing will complete
+                return BackendError(
+                    f"nccl: {entry.what} failed on the GPU (CUDA error {status}); the "
+                    "communicator is aborted"
+                )
             elif now - entry.started > self._timeout:
                 return CollsTimeoutError(
                     f"nccl: {entry.what} did not complete within {self._timeout:.1f} s "

@@ -27,7 +27,9 @@ __all__ = [
     "check_distinct_devices",
     "choose_device",
     "exchange_unique_id",
+    "id_bytes",
     "import_nccl",
+    "new_communicator",
     "unavailable_reason",
 ]
 
@@ -130,7 +132,7 @@ def exchange_unique_id(
         BackendError: the value in the store is not a unique id.
     """
     if rank == 0:
-        unique_id = bytes(make_id())
+        unique_id = id_bytes(make_id())
         store.set(UNIQUE_ID_KEY, unique_id)
     else:
         store.wait([UNIQUE_ID_KEY], timeout)
@@ -143,6 +145,27 @@ def exchange_unique_id(
             f"{UNIQUE_ID_BYTES}"
         )
     return unique_id
+
+
+def id_bytes(made: Any) -> bytes:
+    """Return a unique id from ``nccl.get_unique_id()`` as bytes.
+
+    CuPy 14 returns bytes; CuPy 13 a tuple of C ``char`` values, signed (-128..127).
+    """
+    if isinstance(made, (bytes, bytearray)):
+        return bytes(made)
+    return bytes(value & 0xFF for value in made)
+
+
+def new_communicator(nccl: Any, world_size: int, unique_id: bytes, rank: int) -> Any:
+    """Run ``NcclCommunicator(world_size, unique_id, rank)`` with the id in the form this CuPy
+    takes: bytes (CuPy 14), or the tuple of signed chars that CuPy 13's get_unique_id returns.
+    """
+    try:
+        return nccl.NcclCommunicator(world_size, unique_id, rank)
+    except TypeError:
+        signed = tuple(value - 256 if value > 127 else value for value in unique_id)
+        return nccl.NcclCommunicator(world_size, signed, rank)
 
 
 def check_distinct_devices(

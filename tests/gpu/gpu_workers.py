@@ -163,3 +163,10 @@ def tcp_torch_and_jax_arrays(rank: int, world_size: int) -> None:
     np.testing.assert_array_equal(
         np.asarray(gathered),
         np.stack([np.arange(6, dtype=np.float32) + r for r in range(world_size)]))
+    try:  # JAX arrays are immutable: an in-place collective refuses one before writing
+        colls.all_reduce(x)
+    except TypeError as exc:
+        assert "is read-only" in str(exc), exc
+    else:
+        raise AssertionError("all_reduce wrote into a JAX array in place")
+    np.testing.assert_array_equal(np.asarray(x), np.arange(6, dtype=np.float32) + rank)

@@ -38,8 +38,10 @@ COUNT = 37  # odd, so no size is accidentally a multiple of anything
 ROW = 5
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def nccl_world():
+    # One world for the module: a communicator costs NCCL a fraction of a second to create,
+    # and gpu_check.sh runs this matrix in minutes. A refused call leaves the group usable.
     colls.init_process_group("nccl", store=HashStore(), rank=0, world_size=1, timeout=60)
     try:
         yield

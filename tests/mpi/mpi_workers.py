@@ -360,11 +360,13 @@ def close_during_collective(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
-    """CUDA arrays reach MPI only through host copies when MPI is not CUDA-aware.
+    """CUDA arrays reach MPI only through host copies when MPI is not CUDA-aware, and
+    reductions are staged even when it is.
 
     A fake device array whose ``__cuda_array_interface__`` points at address 8 would crash
-    MPI if it were passed through; a stand-in ``cupy`` module provides the stream sync.
+    MPI if it were passed through; a stand-in ``cupy`` module provides the stream syncs.
     """
+    import contextlib
     import sys
     import types
 
@@ -372,9 +374,12 @@ def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
     from colls.reduce_ops import resolve_op
 
     class FakeDeviceArray:
+        device = contextlib.nullcontext()
+
         def __init__(self, host: np.ndarray) -> None:
             self._host = host.copy()
             self.nbytes, self.itemsize = host.nbytes, host.itemsize
+            self.shape, self.dtype = host.shape, host.dtype
 
         @property
         def __cuda_array_interface__(self) -> dict[str, Any]:
@@ -384,13 +389,14 @@ def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
         def get(self) -> np.ndarray:
             return self._host.copy()
 
-        def set(self, host: np.ndarray) -> None:
+        def set(self, host: np.ndarray, stream: Any = None) -> None:
             np.copyto(self._host, host)
 
     syncs = []
     stream = types.SimpleNamespace(synchronize=lambda: syncs.append(1))
     fake_cupy = types.ModuleType("cupy")
-    fake_cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)  # type: ignore[attr-defined]
+    fake_cupy.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        get_current_stream=lambda: stream, Stream=lambda non_blocking: stream)
     sys.modules["cupy"] = fake_cupy
     try:
         backend = _backend()
@@ -404,7 +410,12 @@ def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
         recv = backend.irecv(incoming, (rank - 1) % world_size, 11)
         backend.isend(FakeDeviceArray(np.full(2, rank, dtype=np.int32)), peer, 11).wait(WAIT_S)
         sender = recv.result()
+        aware = FakeDeviceArray(np.full(2, rank + 1, dtype=np.float32))
+        backend.cuda_aware = True  # reductions are staged all the same (not run on device memory)
+        backend.all_reduce(aware, spec, -3)
+        backend.cuda_aware = False
         return {"cuda_aware": backend.cuda_aware, "sum": data.get().tolist(),
+                "sum_when_aware": aware.get().tolist(),
                 "gathered": gathered.get().tolist(), "recv": incoming.get().tolist(),
                 "sender": sender, "syncs": len(syncs)}
     finally:

@@ -140,3 +140,14 @@ def test_cuda_awareness_detection_and_override() -> None:
     assert _python(code, COLLS_MPI_CUDA_AWARE="0") == "False"
     assert _python(code) == "False"  # PyPI's MPICH: no CUDA support reported
     assert "expected auto, 1 or 0" in _python(code, COLLS_MPI_CUDA_AWARE="maybe")
+
+
+def test_the_mpi_library_itself_is_asked_about_cuda() -> None:
+    # mpi4py does not wrap MPIX_Query_cuda_support; colls calls it in the loaded library.
+    # PyPI's MPICH exports it and answers 0 (built without CUDA).
+    code = """
+        from colls_plugins.mpi import runtime
+        runtime.initialized_mpi()
+        print(runtime._mpix_cuda_support())
+    """
+    assert _python(code) == "False"

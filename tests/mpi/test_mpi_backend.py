@@ -108,6 +108,7 @@ def test_cuda_arrays_are_staged_through_host_memory() -> None:
     for rank, result in enumerate(results):
         assert result["cuda_aware"] is False
         assert result["sum"] == [3.0, 3.0, 3.0]
+        assert result["sum_when_aware"] == [3.0, 3.0]
         assert result["gathered"] == [0, 1]
         assert result["recv"] == [1 - rank] * 2
         assert result["sender"] == 1 - rank

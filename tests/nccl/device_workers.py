@@ -1,44 +1,20 @@
-"""The host-only backend of the device-check tests, and their point-to-point ranks.
+"""The point-to-point ranks of the device-check tests, on the ``hostonly`` backend.
 
 tcp moves CUDA arrays (it stages them through the host), so the core's refusal of a device a
-backend does not serve is shown on ``hostonly``: the tcp backend declaring ``devices = ("cpu",)``,
-as a third-party backend that moves only host memory would.
+backend does not serve is shown on ``hostonly`` (:mod:`colls.testing.host_only`): the tcp backend
+declaring ``devices = ("cpu",)``, as a third-party backend that moves only host memory would.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import numpy as np
 
 import colls
 from colls import _dlpack_ctypes as dlc
-from colls import plugin_manager
-from colls.backend import BackendSpec
-from colls.hookspecs import hookimpl
 from colls.testing.arrays import CtypesDLPackArray
-from colls_plugins.tcp.backend import TcpBackend
-
-HOST_ONLY = "hostonly"
-
-
-class HostOnlyBackend(TcpBackend):
-    """The tcp backend, declaring that it moves host memory only."""
-
-    devices = ("cpu",)
-
-
-class HostOnlyPlugin:
-    @hookimpl
-    def colls_backends(self) -> list[BackendSpec]:
-        return [BackendSpec(name=HOST_ONLY, devices=("cpu",), create=HostOnlyBackend)]
-
-
-def register_host_only() -> None:
-    """Make ``hostonly`` a backend name in this process (once)."""
-    with contextlib.suppress(ValueError):  # already registered
-        plugin_manager.register_plugin(HostOnlyPlugin(), name=HOST_ONLY)
+from colls.testing.host_only import HOST_ONLY, register_host_only
 
 
 def p2p_refusals(rank: int, world_size: int) -> list[str]:

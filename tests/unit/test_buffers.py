@@ -423,6 +423,21 @@ def test_cuda_without_cupy() -> None:
         buf(FakeDevice(2))
 
 
+class FakeJaxGpuArray(FakeDevice):
+    """Announces CUDA memory from a JAX module, as a JAX GPU array does (never exported)."""
+
+
+FakeJaxGpuArray.__module__ = "jaxlib.xla_extension"
+
+
+def test_a_jax_gpu_array_is_refused_before_an_in_place_write() -> None:
+    # JAX exports a legacy capsule without the read-only flag (and CuPy would ignore it):
+    # colls must know a JAX array is immutable on the GPU too, before it exports anything.
+    with pytest.raises(TypeError, match=r"is read-only \(jaxlib\.xla_extension\.FakeJaxGpuArray\)"
+                       r".*colls\.functional\.all_reduce"):
+        buf(FakeJaxGpuArray(2))
+
+
 # --- every library ----------------------------------------------------------------------------
 
 

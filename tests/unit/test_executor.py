@@ -83,3 +83,16 @@ def test_a_destroyed_group_refuses_both_paths() -> None:
     with pytest.raises(RuntimeError, match="'gone' has been destroyed"):
         executor.submit(lambda: None, Work())
     assert executor.claim_inline()  # the refused inline call gave the token back
+
+
+def test_waiting_until_drained_returns_once_the_queued_jobs_have_run() -> None:
+    executor = SerialExecutor("t")
+    release, ran = threading.Event(), []
+    executor.submit(lambda: (release.wait(5.0), ran.append("first")), Work())
+    executor.submit(lambda: ran.append("second"), Work())
+    assert executor.wait_until_drained(0.05) is False  # the first job still blocks
+    release.set()
+    assert executor.wait_until_drained(5.0) is True
+    assert ran == ["first", "second"]
+    assert executor.wait_until_drained(0.0) is True  # nothing queued: at once
+    executor.close()

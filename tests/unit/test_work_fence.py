@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from colls.work import Work
+from colls.work import Work, all_done, chain
 
 
 class RecordingFence:
@@ -61,3 +61,31 @@ def test_a_work_without_a_fence_is_unchanged():
     assert not work.is_completed()
     work.set_result(None)
     assert work.is_completed() and work.wait()
+
+
+def test_a_chained_work_keeps_the_fence_of_the_work_it_follows():
+    work, fence = Work(), RecordingFence()
+    work.order_streams_after(fence)
+    chained = chain(work, lambda value: value + 1)
+    work.set_result(1)
+    assert not chained.is_completed()  # the host step ran; the device work has not finished
+    fence.finished = True
+    assert chained.is_completed()
+    assert chained.result() == 2
+    assert fence.orders == 1
+
+
+def test_the_work_of_several_calls_orders_the_stream_after_each_of_them():
+    fences = [RecordingFence(), RecordingFence()]
+    works = [Work(), Work(), Work()]  # the last one holds no CUDA array
+    for work, fence in zip(works[:2], fences, strict=True):
+        work.order_streams_after(fence)
+    combined = all_done(works, description="3 operations")
+    for work in works:
+        work.set_result(None)
+    fences[0].finished = True
+    assert not combined.is_completed()
+    fences[1].finished = True
+    assert combined.is_completed()
+    combined.wait()
+    assert [fence.orders for fence in fences] == [1, 1]
