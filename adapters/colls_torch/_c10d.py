@@ -156,10 +156,12 @@ class ProcessGroupColls(_dist.ProcessGroup):
         return Staging(self._group.backend.devices)
 
     def _all(self, works: list[Work | None], result: list[torch.Tensor]) -> Work:
-        inners = [w._inner for w in works if w is not None]
-        if len(inners) == 1:
-            return Work(inners[0], result)
-        return Work(all_done(inners, description=f"{len(inners)} operations"), result)
+        started = [w for w in works if w is not None]
+        device = next((w.cuda_device for w in started if w.cuda_device is not None), None)
+        if len(started) == 1:
+            return Work(started[0]._inner, result, cuda_device=device)
+        inner = all_done([w._inner for w in started], description=f"{len(started)} operations")
+        return Work(inner, result, cuda_device=device)
 
     def _reduce_op(self, opts: Any, tensors: list[torch.Tensor], fn: str) -> Any:
         op = opts.reduceOp if hasattr(opts, "reduceOp") else opts

@@ -38,7 +38,7 @@ def _staging(pg: Any) -> Staging:
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across the group in place; every rank gets the result."""
     check_single_tensor(tensor, "tensor")
-    pg = _groups.member(group, "all_reduce")
+    pg = _groups.member(group, "all_reduce", tensor)
     if pg is None:
         return None
     cop = to_colls(op)
@@ -60,7 +60,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None,
               async_op: bool = False, group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` (or group rank ``group_src``) to every rank."""
     check_single_tensor(tensor, "tensor")
-    pg = _groups.member(group, "broadcast")
+    pg = _groups.member(group, "broadcast", tensor)
     if pg is None:
         return None
     root = _groups.group_rank(pg, src, group_src, op="broadcast")
@@ -75,7 +75,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op=ReduceOp.SUM, group:
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """Reduce ``tensor`` of every rank into ``tensor`` of rank ``dst``."""
     check_single_tensor(tensor, "tensor")
-    pg = _groups.member(group, "reduce")
+    pg = _groups.member(group, "reduce", tensor)
     if pg is None:
         return None
     root = _groups.group_rank(pg, dst, group_dst, op="reduce")
@@ -93,7 +93,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False) -> Work | None:
     check_tensor_list(tensor_list, "tensor_list")
     check_single_tensor(tensor, "tensor")
     ensure_same_dtype(tensor_list, tensor)
-    pg = _groups.member(group, "all_gather")
+    pg = _groups.member(group, "all_gather", tensor)
     if pg is None:
         return None
     st = _staging(pg)
@@ -108,7 +108,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     """Gather ``input_tensor`` of every rank, concatenated in rank order, into ``output_tensor``."""
     check_single_tensor(input_tensor, "input_tensor")
     check_single_tensor(output_tensor, "output_tensor")
-    pg = _groups.member(group, "all_gather_into_tensor")
+    pg = _groups.member(group, "all_gather_into_tensor", input_tensor)
     if pg is None:
         return None
     st = _staging(pg)
@@ -145,7 +145,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     else:
         gather_list = []
     ensure_same_dtype(tensor, gather_list)
-    pg = _groups.member(group, "gather")
+    pg = _groups.member(group, "gather", tensor)
     if pg is None:
         return None
     root = _groups.root_rank(pg, dst, group_dst, op="gather")
@@ -169,7 +169,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     else:
         scatter_list = []
     ensure_same_dtype(tensor, scatter_list)
-    pg = _groups.member(group, "scatter")
+    pg = _groups.member(group, "scatter", tensor)
     if pg is None:
         return None
     root = _groups.root_rank(pg, src, group_src, op="scatter")
@@ -189,7 +189,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     check_single_tensor(output, "output")
     check_tensor_list(input_list, "input_list")
     ensure_same_dtype(output, input_list)
-    pg = _groups.member(group, "reduce_scatter")
+    pg = _groups.member(group, "reduce_scatter", output)
     if pg is None:
         return None
     cop = to_colls(op)
@@ -208,7 +208,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     """Reduce ``input`` (group-size chunks of dim 0) across ranks; rank r gets chunk r."""
     check_single_tensor(output, "output")
     check_single_tensor(input, "input")
-    pg = _groups.member(group, "reduce_scatter_tensor")
+    pg = _groups.member(group, "reduce_scatter_tensor", input)
     if pg is None:
         return None
     cop = to_colls(op)
@@ -232,7 +232,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False
                ) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; receive rank j's into ``output_tensor_list[j]``."""
-    pg = _groups.member(group, "all_to_all")
+    pg = _groups.member(group, "all_to_all", input_tensor_list)
     if pg is None:
         return None
     check_tensor_list(output_tensor_list, "output_tensor_list")
@@ -248,7 +248,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
                       group=None, async_op: bool = False) -> Work | None:
     """Split ``input`` along dim 0, send piece j to rank j, concatenate arrivals in ``output``."""
-    pg = _groups.member(group, "all_to_all_single")
+    pg = _groups.member(group, "all_to_all_single", input)
     if pg is None:
         return None
     check_single_tensor(output, "output")

@@ -42,7 +42,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = 
         tensors = [tensors]
     check_tensor_list(tensors, "tensor")
     ensure_same_dtype(tensors)
-    pg = _groups.member(group, "all_reduce_coalesced")
+    pg = _groups.member(group, "all_reduce_coalesced", tensors)
     if pg is None:
         return None
     cop = to_colls(op)
@@ -60,7 +60,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op: bool = 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None,
                          async_op: bool = False) -> Any:
     """``output_tensor_lists[r][j]`` gets ``input_tensor_list[j]`` of rank r; async: a Future."""
-    pg = _groups.member(group, "all_gather_coalesced")
+    pg = _groups.member(group, "all_gather_coalesced", input_tensor_list)
     if pg is None:
         return None
     check_tensor_list(input_tensor_list, "input_tensor_list")
@@ -81,13 +81,11 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None,
     out, src = st.target(flat_out), st.source(flat_in)
 
     def after() -> None:
-        st.finish()
         for r, out_list in enumerate(output_tensor_lists):
             _unflatten(flat_out[r * flat_in.numel() : (r + 1) * flat_in.numel()], out_list)
 
     result = [t for lst in output_tensor_lists for t in lst]
-    work = submit(Staging(()), lambda a: colls.all_gather_into_tensor(out, src, group=pg,
-                                                                      async_op=a),
+    work = submit(st, lambda a: colls.all_gather_into_tensor(out, src, group=pg, async_op=a),
                   result, async_op, after=after)
     return _future(work) if async_op else None
 
@@ -99,7 +97,7 @@ def _multi(tensor_list: Any, group: Any, op_name: str) -> tuple[Staging, list[to
     """Check a local tensor list; return its staging and what colls moves (None: non-member)."""
     check_tensor_list(tensor_list, "tensor_list")
     ensure_same_dtype(tensor_list)
-    pg = _groups.member(group, op_name)
+    pg = _groups.member(group, op_name, tensor_list)
     st = Staging(pg.backend.devices if pg is not None else ())
     return st, st.targets(tensor_list)
 

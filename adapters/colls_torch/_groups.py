@@ -21,6 +21,7 @@ import torch
 
 import colls
 from colls import _dispatch
+from colls.lifecycle import device_group
 from colls.plugin_manager import ALIASES
 from colls.process_group import ProcessGroup
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD, GroupMember, group
@@ -60,21 +61,49 @@ class Backend(str):  # noqa: SLOT000 - a str subclass, as torch's Backend
         return super().__new__(cls, name.lower() if value == Backend.UNDEFINED else value)
 
 
-def _colls_backend(backend: Any) -> str | None:
-    """Return the colls backend name for torch's ``backend`` argument (None: colls' default).
+def _device_map(backend: Any) -> dict[str, str]:
+    """Return torch's ``backend`` argument as {device type: colls backend name}.
 
-    A device map such as ``"cpu:gloo,cuda:nccl"`` selects its cpu entry: colls moves CUDA
-    tensors itself (through host memory on CPU transports).
+    ``"cpu:gloo,cuda:nccl"`` gives {"cpu": "tcp", "cuda": "nccl"} (aliases resolved); a plain
+    name gives {} (one backend for every device).
+    """
+    name = str(backend).lower() if backend is not None else ""
+    if ":" not in name:
+        return {}
+    entries = (part.split(":", 1) for part in name.split(",") if ":" in part)
+    return {device.strip(): ALIASES.get(entry.strip(), entry.strip()) for device, entry in entries}
+
+
+def _colls_backend(backend: Any) -> str | None:
+    """Return the colls backend name of a group made with torch's ``backend`` (None: default).
+
+    For a device map such as ``"cpu:gloo,cuda:nccl"`` it is the cpu entry (else the first): the
+    group's own backend. The other entries get device groups (:func:`_add_device_groups`).
     """
     if backend is None:
         return None
     name = str(backend).lower()
     if name in ("", Backend.UNDEFINED):
         return None
-    if ":" in name:
-        entries = dict(part.split(":", 1) for part in name.split(",") if ":" in part)
-        name = entries.get("cpu") or next(iter(entries.values()))
+    devices = _device_map(name)
+    if devices:
+        return devices.get("cpu") or next(iter(devices.values()))
     return name
+
+
+def _add_device_groups(pg: Any, backend: Any, pg_options: Any) -> None:
+    """Give ``pg`` a device group for every entry of a device map that names another backend.
+
+    With ``"cpu:gloo,cuda:nccl"`` CPU tensors go through tcp (the group's own backend) and CUDA
+    tensors through nccl, as torch routes them; :func:`member` picks the group by the tensors'
+    device. Every member creates them together, right after the group itself.
+    """
+    if not isinstance(pg, ProcessGroup):
+        return
+    own = ALIASES.get(pg.backend_name, pg.backend_name)
+    for device, name in _device_map(backend).items():
+        if name != own and device not in pg.device_groups:
+            device_group(pg, device, name, pg_options)
 
 
 def _torch_store_adapter(store: Any) -> Any:
@@ -119,6 +148,12 @@ def init_process_group(
             raise InvalidRankError(str(exc)) from exc
         raise
     _REQUESTED_BACKEND[_WORLD_NAME] = str(backend).lower() if name else colls.get_backend()
+    try:
+        _add_device_groups(REGISTRY.default, backend, pg_options)
+    except BaseException:
+        colls.destroy_process_group()
+        _REQUESTED_BACKEND.clear()
+        raise
 
 
 @boundary
@@ -237,8 +272,12 @@ def resolve(group: Any) -> ProcessGroup | None:
     return _dispatch.resolve_group(known(group))
 
 
-def member(group: Any, op: str) -> ProcessGroup | None:
-    """Resolve ``group``; for a non-member, warn as torch does and return None."""
+def member(group: Any, op: str, tensors: Any = None) -> ProcessGroup | None:
+    """Resolve ``group``; for a non-member, warn as torch does and return None.
+
+    ``tensors`` (the call's first tensor argument, or a list of tensors) picks the group's
+    device group when its device has one (a device map such as ``"cpu:gloo,cuda:nccl"``).
+    """
     pg = resolve(group)
     if pg is None:
         warnings.warn(
@@ -246,6 +285,11 @@ def member(group: Any, op: str) -> ProcessGroup | None:
             "given group.",
             stacklevel=3,
         )
+        return None
+    if pg.device_groups:
+        first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        if isinstance(first, torch.Tensor):
+            return pg.device_groups.get(first.device.type, pg)
     return pg
 
 
@@ -373,9 +417,11 @@ def new_group(
     pg = colls.new_group(ranks=ranks, timeout=timeout, backend=name, pg_options=pg_options,
                          use_local_synchronization=use_local_synchronization,
                          group_desc=group_desc, device_id=device_id, sort_ranks=sort_ranks)
+    requested = str(backend).lower() if name else get_backend()
     if isinstance(pg, ProcessGroup):
-        requested = str(backend).lower() if name else get_backend()
         _REQUESTED_BACKEND[pg.name] = requested
+    if _device_map(requested):  # every rank, members or not, gets here in the same order
+        _add_device_groups(pg, requested, pg_options)
     return pg
 
 

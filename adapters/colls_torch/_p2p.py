@@ -10,6 +10,7 @@ functions, by name).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,8 +18,9 @@ import torch.distributed as _dist
 
 import colls
 from colls_torch import _groups
-from colls_torch._errors import InvalidRankError, boundary
-from colls_torch._submit import submit
+from colls_torch._errors import InvalidRankError, backend_call, boundary
+from colls_torch._streams import torch_stream_current
+from colls_torch._submit import finish_chain, submit
 from colls_torch._tensors import Staging, check_single_tensor
 from colls_torch._work import Work
 
@@ -39,36 +41,53 @@ def _not_self(pg: Any, peer: int, kind: str, error: type[ValueError]) -> None:
         )
 
 
-@boundary
-def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
-          group_dst: int | None = None) -> Work | None:
-    """Start sending ``tensor`` to rank ``dst`` (or group rank ``group_dst``); return a Work."""
-    return _isend(tensor, dst, group, tag, group_dst, op="isend")
+@dataclass(frozen=True)
+class _Checked:
+    """One send or receive that passed torch's checks, ready to start."""
+
+    send: bool
+    pg: Any
+    peer: int | None
+    tag: int
+    staging: Staging
+    array: torch.Tensor  # what colls moves: the tensor, or its host copy
+    tensor: torch.Tensor  # the caller's tensor
+
+    def start(self) -> Work:
+        """Start it alone (isend/irecv)."""
+        start = colls.isend if self.send else colls.irecv
+        pg, peer, tag, array = self.pg, self.peer, self.tag, self.array
+        if self.send:
+            return submit(self.staging,
+                          lambda _a: start(array, group=pg, tag=tag, group_dst=peer),
+                          [self.tensor], True)
+        return submit(self.staging, lambda _a: start(array, group=pg, tag=tag, group_src=peer),
+                      [self.tensor], True)
 
 
-def _isend(tensor: torch.Tensor, dst: int | None, group: Any, tag: int, group_dst: int | None,
-           *, op: str) -> Work | None:
-    """isend, and send's first half. To oneself: torch's send checks it (ValueError), its
-    isend leaves it to gloo (RuntimeError); InvalidRankError is both."""
+def _checked_send(tensor: torch.Tensor, dst: int | None, group: Any, tag: int,
+                  group_dst: int | None, *, op: str) -> _Checked | None:
+    """torch's checks of isend (and send's first half); None for a non-member.
+
+    To oneself: torch's send checks it (ValueError), its isend leaves it to gloo
+    (RuntimeError); InvalidRankError is both.
+    """
     check_single_tensor(tensor, "tensor")
-    pg = _groups.member(group, op)
+    pg = _groups.member(group, op, tensor)
     if pg is None:
         return None
     peer = _groups.group_rank(pg, dst, group_dst, op=op, what="destination")
     _check_tag(tag)
     _not_self(pg, peer, "destination", ValueError if op == "send" else InvalidRankError)
     st = Staging(pg.backend.devices)
-    src = st.source(tensor)
-    return submit(st, lambda _a: colls.isend(src, group=pg, tag=tag, group_dst=peer),
-                  [tensor], True)
+    return _Checked(True, pg, peer, tag, st, st.source(tensor), tensor)
 
 
-@boundary
-def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
-          group_src: int | None = None) -> Work | None:
-    """Start receiving into ``tensor`` from ``src`` (both None: any rank); return a Work."""
+def _checked_recv(tensor: torch.Tensor, src: int | None, group: Any, tag: int,
+                  group_src: int | None) -> _Checked | None:
+    """torch's checks of irecv; None for a non-member."""
     check_single_tensor(tensor, "tensor")
-    pg = _groups.member(group, "irecv")
+    pg = _groups.member(group, "irecv", tensor)
     if pg is None:
         return None
     peer = None
@@ -77,18 +96,32 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: 
         _not_self(pg, peer, "source", InvalidRankError)  # torch: gloo's RuntimeError
     _check_tag(tag)
     st = Staging(pg.backend.devices)
-    out = st.target(tensor)
-    return submit(st, lambda _a: colls.irecv(out, group=pg, tag=tag, group_src=peer),
-                  [tensor], True)
+    return _Checked(False, pg, peer, tag, st, st.target(tensor), tensor)
+
+
+@boundary
+def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to rank ``dst`` (or group rank ``group_dst``); return a Work."""
+    checked = _checked_send(tensor, dst, group, tag, group_dst, op="isend")
+    return None if checked is None else checked.start()
+
+
+@boundary
+def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor`` from ``src`` (both None: any rank); return a Work."""
+    checked = _checked_recv(tensor, src, group, tag, group_src)
+    return None if checked is None else checked.start()
 
 
 @boundary
 def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` and wait until the transport has it."""
-    work = _isend(tensor, dst, group, tag, group_dst, op="send")
-    if work is not None:
-        work.wait()
+    checked = _checked_send(tensor, dst, group, tag, group_dst, op="send")
+    if checked is not None:
+        checked.start().wait()
 
 
 @boundary
@@ -160,15 +193,21 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         )
     if p2p_op_list and not all(p.group is p2p_op_list[0].group for p in p2p_op_list):
         raise ValueError("All ops need to use the same group.")
-    works = []
-    for p in p2p_op_list:
-        if p.is_send:
-            work = isend(p.tensor, group=p.group, tag=p.tag, group_dst=p.group_peer)
-        else:
-            work = irecv(p.tensor, group=p.group, tag=p.tag, group_src=p.group_peer)
-        if work is not None:
-            works.append(work)
-    return works
+    checked = [
+        _checked_send(p.tensor, None, p.group, p.tag, p.group_peer, op="isend") if p.is_send
+        else _checked_recv(p.tensor, None, p.group, p.tag, p.group_peer)
+        for p in p2p_op_list
+    ]
+    started = [c for c in checked if c is not None]  # a non-member's ops are skipped
+    device = next((c.staging.cuda_device for c in started if c.staging.cuda_device), None)
+    with backend_call(), torch_stream_current(device):
+        inners = colls.batch_isend_irecv([
+            colls.P2POp(colls.isend if c.send else colls.irecv, c.array, group=c.pg, tag=c.tag,
+                        group_peer=c.peer)
+            for c in started
+        ])
+    return [Work(finish_chain(inner, c.staging), [c.tensor], cuda_device=c.staging.cuda_device)
+            for inner, c in zip(inners, started, strict=True)]
 
 
 _OPS.update({isend: "isend", irecv: "irecv", _dist.isend: "isend", _dist.irecv: "irecv"})

@@ -2,7 +2,8 @@
 
 Every collective of colls_torch (and every method of the ``colls`` c10d backend) ends in
 :func:`submit`: the colls call runs under :func:`~colls_torch._errors.backend_call` (so argument
-errors colls finds are RuntimeErrors, as gloo's are, and colls errors are torch's); a
+errors colls finds are RuntimeErrors, as gloo's are, and colls errors are torch's) and, when it
+hands colls CUDA tensors, on torch's current stream (:mod:`colls_torch._streams`); a
 synchronous call copies staged CUDA results back and returns None; an asynchronous one returns a
 :class:`~colls_torch._work.Work` whose inner colls Work copies them back before it completes.
 """
@@ -17,6 +18,7 @@ import torch
 import colls
 from colls.work import chain
 from colls_torch._errors import backend_call
+from colls_torch._streams import torch_stream_current
 from colls_torch._tensors import Staging
 from colls_torch._work import Work
 
@@ -33,31 +35,39 @@ def submit(staging: Staging, call: Call, result: list[torch.Tensor], async_op: b
         call: the colls call.
         result: the output tensors (``Work.result()`` and the Work's future value).
         async_op: torch's flag.
-        after: a step to run once the call has succeeded (unflattening a coalesced result),
-            before the staged tensors are copied back.
+        after: a step to run once the call has succeeded and the staged tensors are copied
+            back (unflattening a coalesced result). On CUDA tensors that colls moves itself it
+            runs at once on torch's current stream, stream-ordered after the call, which then
+            runs as a synchronous one: a step chained on another thread would not be.
     """
-    with backend_call():
+    device = staging.cuda_device
+    if after is not None and device is not None:
+        async_op, returned_work = False, async_op
+    else:
+        returned_work = async_op
+    with backend_call(), torch_stream_current(device):
         inner = call(async_op)
-    if inner is None and async_op:  # the process is not a member of the group
-        return None
-    if not async_op:
-        if after is not None:
-            after()
-        staging.finish()
-        return None
-    return Work(finish_chain(inner, staging, after), result)
+        if inner is None and async_op:  # the process is not a member of the group
+            return None
+        if not async_op:
+            staging.finish()
+            if after is not None:
+                after()
+            return Work(colls.Work.completed(None), result) if returned_work else None
+    return Work(finish_chain(inner, staging, after), result, cuda_device=device)
 
 
 def finish_chain(inner: colls.Work, staging: Staging,
                  after: Callable[[], None] | None = None) -> colls.Work:
-    """Return ``inner`` followed by ``after`` and the staging copy-back (if there is any)."""
+    """Return ``inner`` followed by the staging copy-back and ``after`` (if there is any)."""
     if after is None and not staging.staged:
         return inner
 
     def finish(value: Any) -> Any:
+        staging.finish()
         if after is not None:
             after()
-        return staging.finish(value)
+        return value
 
     return chain(inner, finish)
 

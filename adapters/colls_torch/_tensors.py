@@ -105,6 +105,9 @@ class Staging:
     def __init__(self, devices: tuple[str, ...] | list[str]) -> None:
         self._cuda_native = "cuda" in devices
         self._copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+        #: The device of a CUDA tensor handed to colls as it is (None: none was). The call and
+        #: its ``wait()`` then run on torch's current stream there (:mod:`colls_torch._streams`).
+        self.cuda_device: torch.device | None = None
 
     def _plain(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.is_conj():  # torch's collectives view complex tensors as real first
@@ -112,9 +115,12 @@ class Staging:
         return tensor.detach() if tensor.requires_grad else tensor
 
     def _needs_host(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type != "cpu" and not (
-            tensor.device.type == "cuda" and self._cuda_native
-        )
+        if tensor.device.type == "cpu":
+            return False
+        if tensor.device.type == "cuda" and self._cuda_native:
+            self.cuda_device = tensor.device
+            return False
+        return True
 
     def source(self, tensor: torch.Tensor) -> torch.Tensor:
         """Return what colls reads for an input-only tensor."""

@@ -20,6 +20,7 @@ from torch.futures import Future
 
 import colls
 from colls_torch._errors import to_torch, translated
+from colls_torch._streams import torch_stream_current
 
 _NO_TIMEOUT = datetime.timedelta(0)  # torch's kNoTimeout: "use the default"
 
@@ -41,11 +42,15 @@ class Work(_dist.Work):
         inner: the colls Work doing the operation (its chained steps included).
         result: what ``result()`` and the future return (the output tensors; complex ones as
             their ``view_as_real`` views, as torch returns them).
+        cuda_device: the device of the CUDA tensors colls moves itself, if any: ``wait()`` then
+            orders torch's current stream there after the operation, as torch's NCCL Work does.
     """
 
-    def __init__(self, inner: colls.Work, result: list[torch.Tensor] | None = None) -> None:
+    def __init__(self, inner: colls.Work, result: list[torch.Tensor] | None = None, *,
+                 cuda_device: torch.device | None = None) -> None:
         super().__init__()
         self._inner = inner
+        self._cuda_device = cuda_device
         # As torch's: complex tensors appear as their real views (torch.view_as_real).
         self._result = [torch.view_as_real(t) if t.is_complex() else t for t in result or []]
         self._future: Future[Any] | None = None
@@ -57,16 +62,25 @@ class Work(_dist.Work):
         Args:
             timeout: a timedelta (or seconds); zero or None waits for the group's timeout.
 
+        On CUDA tensors that colls moves itself (nccl, tcp) it returns once torch's current
+        stream is ordered after the operation; the host does not wait for the GPU (torch's
+        semantics for NCCL).
+
         Raises:
             DistBackendError: the operation failed or did not finish in time (torch's family).
         """
-        with translated():
+        with translated(), torch_stream_current(self._cuda_device):
             self._inner.wait(_seconds(timeout))
         return True
 
     def synchronize(self) -> None:
-        """Wait for the operation (torch's CUDA-stream sync; there is no stream here)."""
+        """Order torch's current stream after the operation (torch's name): as :meth:`wait`."""
         self.wait()
+
+    @property
+    def cuda_device(self) -> torch.device | None:
+        """The device whose current stream ``wait()`` orders (None: no CUDA tensor is moved)."""
+        return self._cuda_device
 
     def is_completed(self) -> bool:
         """Return True once the operation has ended, successfully or not."""
