@@ -56,12 +56,9 @@ class _Checked:
     def start(self) -> Work:
         """Start it alone (isend/irecv)."""
         start = colls.isend if self.send else colls.irecv
-        pg, peer, tag, array = self.pg, self.peer, self.tag, self.array
-        if self.send:
-            return submit(self.staging,
-                          lambda _a: start(array, group=pg, tag=tag, group_dst=peer),
-                          [self.tensor], True)
-        return submit(self.staging, lambda _a: start(array, group=pg, tag=tag, group_src=peer),
+        pg, tag, array = self.pg, self.tag, self.array
+        peer = {"group_dst": self.peer} if self.send else {"group_src": self.peer}
+        return submit(self.staging, lambda _a: start(array, group=pg, tag=tag, **peer),
                       [self.tensor], True)
 
 
