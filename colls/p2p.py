@@ -31,10 +31,10 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     return pg.backend.isend(array, peer, tag)
 
 
-def _after_queued_collectives(pg: ProcessGroup) -> None:
+def _after_queued_collectives(pg: ProcessGroup, op: str) -> None:
     """Let the group's queued collectives run first where the backend needs that (nccl)."""
     if pg.backend.p2p_after_queued_collectives:
-        pg.wait_for_queued_jobs()
+        pg.wait_for_queued_jobs(op)
 
 
 def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None
@@ -48,7 +48,7 @@ def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst:
     d.check_peer(pg, peer, arg="dst", op="isend")
     d.check_tag(tag, op="isend")
     array = d.buffer(tensor, arg="tensor", op="isend", writable=False).array
-    _after_queued_collectives(pg)
+    _after_queued_collectives(pg, "isend")
     return pg, array, peer
 
 
@@ -80,7 +80,7 @@ def _checked_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src:
     d.check_peer(pg, peer, arg="src", op="irecv")
     d.check_tag(tag, op="irecv")
     buf = d.buffer(tensor, arg="tensor", op="irecv", writable=True)
-    _after_queued_collectives(pg)
+    _after_queued_collectives(pg, "irecv")
     return pg, buf, peer
 
 

@@ -99,17 +99,17 @@ class ProcessGroup:
 
     # -- running collectives ---------------------------------------------------------------------
 
-    def wait_for_queued_jobs(self) -> None:
-        """Return once the collectives queued so far have run (a backend's
-        ``p2p_after_queued_collectives``).
+    def wait_for_queued_jobs(self, op: str) -> None:
+        """Return once the collectives queued so far have run, before point-to-point ``op``
+        (a backend's ``p2p_after_queued_collectives``).
 
         Raises:
             CollsTimeoutError: they did not within the group's timeout.
         """
         if not self._executor.wait_until_drained(self.timeout):
             raise CollsTimeoutError(
-                f"group {self.name!r} (rank {self.rank} of {self.size}): the collectives "
-                f"queued before this point-to-point call did not run within {self.timeout:.1f} s"
+                f"{op} on group {self.name!r} (rank {self.rank} of {self.size}): the "
+                f"collectives queued before it did not run within {self.timeout:.1f} s"
             )
 
     def next_tag(self) -> int:

@@ -100,9 +100,8 @@ def _add_device_groups(pg: Any, backend: Any, pg_options: Any) -> None:
     """
     if not isinstance(pg, ProcessGroup):
         return
-    own = ALIASES.get(pg.backend_name, pg.backend_name)
     for device, name in _device_map(backend).items():
-        if name != own and device not in pg.device_groups:
+        if name != pg.backend_name and device not in pg.device_groups:
             device_group(pg, device, name, pg_options)
 
 

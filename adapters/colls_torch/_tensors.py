@@ -149,11 +149,10 @@ class Staging:
         """Whether anything must be copied back."""
         return bool(self._copy_back)
 
-    def finish(self, result: Any = None) -> Any:
-        """Copy staged results into the caller's tensors; return ``result`` unchanged."""
+    def finish(self) -> None:
+        """Copy staged results into the caller's tensors."""
         for device_tensor, host in self._copy_back:
             device_tensor.copy_(host)
-        return result
 
 
 __all__ = ["Staging", "check_single_tensor", "check_tensor_list", "ensure_same_dtype"]

@@ -10,8 +10,6 @@ reason, without CuPy or a CUDA device. The pipeline's logic is also tested witho
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from colls.testing.spawn import spawn
@@ -38,9 +36,9 @@ import gpu_workers  # noqa: E402 - after the skip: it builds CUDA kernels on use
 
 pytestmark = pytest.mark.timeout(300)
 
-#: JAX would take 75 % of the GPU's memory in every process; ranks share the one GPU here.
+#: JAX would take 75 % of the GPU's memory in every process; ranks share the one GPU here
+#: (conftest.py sets it for this process too).
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-os.environ.update(ENV)  # this process too: it asks JAX whether it sees a GPU
 
 
 @pytest.mark.parametrize("shm", ["1", "0"], ids=["shm", "sockets"])
