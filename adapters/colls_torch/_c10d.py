@@ -41,6 +41,7 @@ import colls
 from colls import env, plugin_manager
 from colls.options import BackendOptions
 from colls.process_group import ProcessGroup
+from colls.registry import REGISTRY
 from colls.work import all_done
 from colls_torch._errors import backend_call, translated
 from colls_torch._ops import check_reduction, to_colls
@@ -64,6 +65,11 @@ class CollsOptions:
 
     transport: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: A colls group that already exists (colls_torch made it): the torch group wraps it
+    #: instead of creating a backend (:mod:`colls_torch._world`).
+    group: ProcessGroup | None = None
+    #: The backend name as the user gave it to colls_torch ("gloo"); get_backend reports it.
+    requested_backend: str | None = None
 
 
 def _options(backend_options: Any) -> CollsOptions:
@@ -106,23 +112,22 @@ class ProcessGroupColls(_dist.ProcessGroup):
                  options: CollsOptions | None = None) -> None:
         super().__init__(rank, size)
         options = options or CollsOptions()
-        transport = options.transport or env.get("COLLS_TORCH_TRANSPORT") or "tcp"
-        seconds = timeout.total_seconds()
-        colls_store = as_colls_store(store)
         with translated():
-            spec = plugin_manager.resolve_backend(transport)
-            backend = spec.create(colls_store, rank, size, BackendOptions(
-                timeout=seconds, group_name=group_name or BACKEND_NAME,
-                global_ranks=tuple(global_ranks or range(size)), extra=dict(options.extra),
-            ))
-        self._group = ProcessGroup(
-            name=group_name or BACKEND_NAME, global_ranks=range(size), my_global_rank=rank,
-            backend_name=spec.name, backend=backend, store=colls_store, timeout=seconds,
-        )
+            self._group, self._in_registry = _colls_group(
+                store, rank, size, timeout.total_seconds(), group_name,
+                list(global_ranks or range(size)), options,
+            )
         self._group_name = group_name
         self._group_desc = ""
-        self.transport = spec.name
+        self.transport = self._group.backend_name
+        #: The backend name as the user spelled it ("gloo"), for colls_torch.get_backend().
+        self.requested_backend = options.requested_backend or BACKEND_NAME
         _LIVE_GROUPS.add(self)
+
+    @property
+    def colls_group(self) -> ProcessGroup:
+        """The colls group this torch group runs on."""
+        return self._group
 
     # -- names (functional collectives resolve groups by name) ----------------------------------
 
@@ -152,8 +157,12 @@ class ProcessGroupColls(_dist.ProcessGroup):
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _staging(self) -> Staging:
-        return Staging(self._group.backend.devices)
+    def _on(self, tensors: Any) -> ProcessGroup:
+        """The colls group for ``tensors``: a device group of a device map, else the group."""
+        return on_device(self._group, tensors)
+
+    def _staging(self, group: ProcessGroup | None = None) -> Staging:
+        return Staging((group or self._group).backend.devices)
 
     def _all(self, works: list[Work | None], result: list[torch.Tensor]) -> Work:
         started = [w for w in works if w is not None]
@@ -180,9 +189,10 @@ class ProcessGroupColls(_dist.ProcessGroup):
         return self._all([self._allreduce_one(t, cop) for t in tensors], tensors)
 
     def _allreduce_one(self, tensor: torch.Tensor, cop: Any) -> Work | None:
-        st = self._staging()
+        g = self._on(tensor)
+        st = self._staging(g)
         t = st.target(tensor)
-        return submit(st, lambda a: colls.all_reduce(t, op=cop, group=self._group, async_op=a),
+        return submit(st, lambda a: colls.all_reduce(t, op=cop, group=g, async_op=a),
                       [tensor], True)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor],
@@ -199,10 +209,11 @@ class ProcessGroupColls(_dist.ProcessGroup):
         root = opts.rootRank if hasattr(opts, "rootRank") else int(opts)
         works = []
         for tensor in tensors:
-            st = self._staging()
+            g = self._on(tensor)
+            st = self._staging(g)
             t = st.target(tensor)
-            works.append(submit(st, lambda a, t=t: colls.broadcast(
-                t, group=self._group, async_op=a, group_src=root), [tensor], True))
+            works.append(submit(st, lambda a, t=t, g=g: colls.broadcast(
+                t, group=g, async_op=a, group_src=root), [tensor], True))
         return self._all(works, tensors)
 
     def reduce(self, tensors: Any, opts: Any = None) -> Work:
@@ -212,10 +223,11 @@ class ProcessGroupColls(_dist.ProcessGroup):
         cop = self._reduce_op(opts, tensors, "reduce")
         works = []
         for tensor in tensors:
-            st = self._staging()
+            g = self._on(tensor)
+            st = self._staging(g)
             t = st.target(tensor)
-            works.append(submit(st, lambda a, t=t: colls.reduce(
-                t, op=cop, group=self._group, async_op=a, group_dst=opts.rootRank),
+            works.append(submit(st, lambda a, t=t, g=g: colls.reduce(
+                t, op=cop, group=g, async_op=a, group_dst=opts.rootRank),
                 [tensor], True))
         return self._all(works, tensors)
 
@@ -225,19 +237,21 @@ class ProcessGroupColls(_dist.ProcessGroup):
         input_tensors = _one(input_tensors)
         works = []
         for outs, tensor in zip(output_tensors, input_tensors, strict=True):
-            st = self._staging()
+            g = self._on(tensor)
+            st = self._staging(g)
             o, s = st.targets(outs), st.source(tensor)
-            works.append(submit(st, lambda a, o=o, s=s: colls.all_gather(
-                o, s, group=self._group, async_op=a), outs, True))
+            works.append(submit(st, lambda a, o=o, s=s, g=g: colls.all_gather(
+                o, s, group=g, async_op=a), outs, True))
         return self._all(works, [t for outs in output_tensors for t in outs])
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Work:
         """Gather ``input`` of every rank, concatenated, into ``output``."""
-        st = self._staging()
+        g = self._on(input)
+        st = self._staging(g)
         o, s = st.target(output), st.source(input)
         return submit(st, lambda a: colls.all_gather_into_tensor(
-            o, s, group=self._group, async_op=a), [output], True)
+            o, s, group=g, async_op=a), [output], True)
 
     _allgather_base = all_gather_single
 
@@ -264,10 +278,11 @@ class ProcessGroupColls(_dist.ProcessGroup):
         opts = opts if opts is not None else GatherOptions()
         input_tensors = _one(input_tensors)
         outs = output_tensors[0] if output_tensors and output_tensors[0] else []
-        st = self._staging()
+        g = self._on(input_tensors)
+        st = self._staging(g)
         o, s = st.targets(outs) or None, st.source(input_tensors[0])
         return submit(st, lambda a: colls.gather(
-            s, o, group=self._group, async_op=a, group_dst=opts.rootRank), outs, True)
+            s, o, group=g, async_op=a, group_dst=opts.rootRank), outs, True)
 
     def scatter(self, output_tensors: Any, input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> Work:
@@ -275,10 +290,11 @@ class ProcessGroupColls(_dist.ProcessGroup):
         opts = opts if opts is not None else ScatterOptions()
         output_tensors = _one(output_tensors)
         ins = input_tensors[0] if input_tensors and input_tensors[0] else []
-        st = self._staging()
+        g = self._on(output_tensors)
+        st = self._staging(g)
         o, i = st.target(output_tensors[0]), st.sources(ins) or None
         return submit(st, lambda a: colls.scatter(
-            o, i, group=self._group, async_op=a, group_src=opts.rootRank), output_tensors, True)
+            o, i, group=g, async_op=a, group_src=opts.rootRank), output_tensors, True)
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> Work:
@@ -286,20 +302,22 @@ class ProcessGroupColls(_dist.ProcessGroup):
         output_tensors = _one(output_tensors)
         cop = self._reduce_op(opts if opts is not None else ReduceScatterOptions(),
                               output_tensors, "reduce_scatter")
-        st = self._staging()
+        g = self._on(output_tensors)
+        st = self._staging(g)
         o, i = st.target(output_tensors[0]), st.sources(input_tensors[0])
         return submit(st, lambda a: colls.reduce_scatter(
-            o, i, op=cop, group=self._group, async_op=a), output_tensors, True)
+            o, i, op=cop, group=g, async_op=a), output_tensors, True)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> Work:
         """Reduce ``input`` (size chunks); group rank r gets chunk r in ``output``."""
         cop = self._reduce_op(opts if opts is not None else ReduceScatterOptions(), [output],
                               "reduce_scatter_single")
-        st = self._staging()
+        g = self._on(output)
+        st = self._staging(g)
         o, i = st.target(output), st.source(input)
         return submit(st, lambda a: colls.reduce_scatter_tensor(
-            o, i, op=cop, group=self._group, async_op=a), [output], True)
+            o, i, op=cop, group=g, async_op=a), [output], True)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -317,20 +335,22 @@ class ProcessGroupColls(_dist.ProcessGroup):
                           input_split_sizes: list[int] | None = None,
                           opts: Any = None) -> Work:
         """Split ``input`` along dim 0 by ``input_split_sizes``; piece j goes to rank j."""
-        st = self._staging()
+        g = self._on(output)
+        st = self._staging(g)
         o, i = st.target(output), st.source(input)
         return submit(st, lambda a: colls.all_to_all_single(
             o, i, list(output_split_sizes or []) or None, list(input_split_sizes or []) or None,
-            group=self._group, async_op=a), [output], True)
+            group=g, async_op=a), [output], True)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> Work:
         """Send ``input_tensors[j]`` to rank j; receive rank j's into ``output_tensors[j]``."""
-        st = self._staging()
+        g = self._on(output_tensors)
+        st = self._staging(g)
         o, i = st.targets(output_tensors), st.sources(input_tensors)
-        return submit(st, lambda a: colls.all_to_all(o, i, group=self._group, async_op=a),
+        return submit(st, lambda a: colls.all_to_all(o, i, group=g, async_op=a),
                       output_tensors, True)
 
     def barrier(self, opts: Any = None) -> Work:
@@ -356,10 +376,11 @@ class ProcessGroupColls(_dist.ProcessGroup):
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # noqa: N803
         """Send ``tensors[0]`` to group rank ``dstRank``."""
         tensors = _one(tensors)
-        st = self._staging()
+        g = self._on(tensors)
+        st = self._staging(g)
         s = st.source(tensors[0])
-        return submit(st, lambda _a: colls.isend(s, group=self._group, tag=tag,
-                                                 group_dst=dstRank), tensors, True)
+        return submit(st, lambda _a: colls.isend(s, group=g, tag=tag, group_dst=dstRank),
+                      tensors, True)
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # noqa: N803
         """Receive into ``tensors[0]`` from group rank ``srcRank``."""
@@ -370,21 +391,28 @@ class ProcessGroupColls(_dist.ProcessGroup):
         return self._recv(_one(tensors), None, tag)
 
     def _recv(self, tensors: list[torch.Tensor], src: int | None, tag: int) -> Work:
-        st = self._staging()
+        g = self._on(tensors)
+        st = self._staging(g)
         o = st.target(tensors[0])
-        return submit(st, lambda _a: colls.irecv(o, group=self._group, tag=tag, group_src=src),
+        return submit(st, lambda _a: colls.irecv(o, group=g, tag=tag, group_src=src),
                       tensors, True)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Close the colls group and its store adapter. Idempotent.
+        """Close the colls group (torch's destroy_process_group calls it). Idempotent.
 
-        torch's destroy_process_group does not call it for Python backends, so
+        A group colls' registry knows (the world, or one colls_torch.new_group made) is
+        destroyed through colls, so both faces see it gone; destroying the world destroys every
+        colls group. A group torch made by itself is closed with its store adapter.
         :func:`_shutdown_live_groups` also runs it at interpreter exit.
         """
         _LIVE_GROUPS.discard(self)
         if self._group.destroyed:
+            return
+        if self._in_registry:
+            if colls.is_initialized():
+                colls.destroy_process_group(self._group)
             return
         self._group.close()
         self._group.store.close()  # ends waits parked on torch's store; torch's stays open
@@ -408,7 +436,61 @@ def _shutdown_live_groups() -> None:
             logging.getLogger(__name__).exception("colls: shutting down %r at exit failed", pg)
 
 
-def _create(dist_backend_opts: Any, backend_options: Any) -> ProcessGroupColls:
+def on_device(pg: ProcessGroup, tensors: Any) -> ProcessGroup:
+    """Return the group that moves ``tensors``: ``pg``'s device group for their device, or ``pg``.
+
+    With a device map such as ``"cpu:gloo,cuda:nccl"`` CUDA tensors go through the cuda entry's
+    group, as torch routes them. ``tensors`` is a tensor or a list of them (the first decides).
+    """
+    if not pg.device_groups:
+        return pg
+    first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+    if isinstance(first, torch.Tensor):
+        return pg.device_groups.get(first.device.type, pg)
+    return pg
+
+
+def _colls_group(store: Any, rank: int, size: int, timeout: float, group_name: str,
+                 global_ranks: list[int], options: CollsOptions) -> tuple[ProcessGroup, bool]:
+    """Return the colls group a new ProcessGroupColls runs on, and whether colls' registry has it.
+
+    - A group handed over in ``options.group`` (colls_torch made it): that group.
+    - torch's default group (torch.distributed is not initialised yet): colls' world, joined
+      through torch's ``store`` unless this process already joined it.
+    - Any other group torch makes itself (``torch.distributed.new_group``, DeviceMesh): a new
+      colls group with its own backend, rendezvoused through torch's ``store``.
+    """
+    if options.group is not None:
+        return options.group, True
+    transport = options.transport or env.get("COLLS_TORCH_TRANSPORT") or "tcp"
+    colls_store = as_colls_store(store)
+    if not _dist.is_initialized():
+        if not colls.is_initialized():
+            colls.init_process_group(backend=transport, store=colls_store, rank=rank,
+                                     world_size=size, timeout=timeout,
+                                     pg_options=dict(options.extra))
+        world = REGISTRY.default
+        if world is None or (world.rank, world.size) != (rank, size):
+            raise ValueError(
+                f"torch.distributed's world (rank {rank} of {size}) is not colls' world "
+                f"(rank {colls.get_rank()} of {colls.get_world_size()}) in this process"
+            )
+        return world, True
+    spec = plugin_manager.resolve_backend(transport)
+    my_global_rank = global_ranks[rank]
+    backend = spec.create(colls_store, rank, size, BackendOptions(
+        timeout=timeout, group_name=group_name or BACKEND_NAME,
+        global_ranks=tuple(global_ranks), extra=dict(options.extra),
+    ))
+    group = ProcessGroup(
+        name=group_name or BACKEND_NAME, global_ranks=global_ranks,
+        my_global_rank=my_global_rank, backend_name=spec.name, backend=backend,
+        store=colls_store, timeout=timeout,
+    )
+    return group, False
+
+
+def create(dist_backend_opts: Any, backend_options: Any) -> ProcessGroupColls:
     """torch's factory hook (extended API): build the group torch asked for."""
     return ProcessGroupColls(
         dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size,
@@ -422,8 +504,8 @@ def register() -> None:
     """Register the ``colls`` backend with torch.distributed (once per process)."""
     if BACKEND_NAME in _dist.Backend.backend_list:
         return
-    _dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+    _dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True,
                                    devices=["cpu", "cuda"])
 
 
-__all__ = ["BACKEND_NAME", "ProcessGroupColls", "register"]
+__all__ = ["BACKEND_NAME", "CollsOptions", "ProcessGroupColls", "create", "on_device", "register"]

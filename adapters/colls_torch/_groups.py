@@ -1,12 +1,14 @@
 """Process groups with torch.distributed's names: init, new_group, ranks, backends, availability.
 
-Everything delegates to colls' own registry (``colls.init_process_group`` and friends), so
-colls_torch never touches torch.distributed's global state: a process may run torch's own
-process groups and colls_torch's side by side. What this module adds is torch's surface:
-its extra parameters (``device_id``, ``sort_ranks``, ...), its return types (``Backend``), its
-special cases (``get_group_rank(group.WORLD, r)`` is the identity), the warning torch gives a
-process that calls a collective on a group it is not a member of, and the root-rank rules that
-make an out-of-range root a RuntimeError as in gloo.
+colls' own registry (``colls.init_process_group`` and friends) makes and runs the groups, and
+:mod:`colls_torch._world` hands each one to torch.distributed, so there is one world: after
+``init_process_group`` torch's default group is colls' world, and ``new_group`` returns the
+torch group object (a ``ProcessGroupColls``) that wraps colls' group. Every function here takes
+either kind of group (:func:`known`). What this module adds is torch's surface: its extra
+parameters (``device_id``, ``sort_ranks``, ...), its return types (``Backend``), its special
+cases (``get_group_rank(group.WORLD, r)`` is the identity), the warning torch gives a process
+that calls a collective on a group it is not a member of, and the root-rank rules that make an
+out-of-range root a RuntimeError as in gloo.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import torch
+import torch.distributed as _dist
 
 import colls
 from colls import _dispatch
 from colls.lifecycle import device_group
 from colls.plugin_manager import ALIASES
 from colls.process_group import ProcessGroup
-from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD, GroupMember, group
+from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD
+from colls_torch import _world
+from colls_torch._c10d import ProcessGroupColls, on_device
 from colls_torch._errors import (
     AssertedValueError,
     InvalidGroupError,
@@ -33,9 +38,43 @@ from colls_torch._errors import (
 )
 
 #: The backend name each live group was created with, as the user spelled it ("gloo" stays
-#: "gloo" although colls runs tcp), keyed by colls group name; get_backend() reports it.
+#: "gloo" although colls runs tcp), keyed by colls group name; get_backend() reports it. (A
+#: group handed to torch carries it itself: ``ProcessGroupColls.requested_backend``.)
 _REQUESTED_BACKEND: dict[str, str] = {}
 _WORLD_NAME: Final = "default_pg"
+#: torch's ``GroupMember.NON_GROUP_MEMBER`` (an int): what torch's new_group gives a non-member.
+_TORCH_NON_MEMBER: Final = _dist.GroupMember.NON_GROUP_MEMBER
+
+
+class _WorldMeta(type):
+    """``group.WORLD`` and ``GroupMember.*`` read live, as torch's do.
+
+    With one world (:mod:`colls_torch._world`) they are torch's own objects: the default group
+    (the ProcessGroupColls over colls' world) and torch's non-member marker, so code written
+    for torch compares and passes them as it always has. When torch.distributed belongs to
+    another backend they are colls' markers.
+    """
+
+    @property
+    def WORLD(cls) -> Any:  # noqa: N802 - torch's name
+        world = _world.torch_world()
+        return world if world is not None else WORLD
+
+    @property
+    def NON_GROUP_MEMBER(cls) -> Any:  # noqa: N802 - torch's name
+        return _TORCH_NON_MEMBER if _world.torch_world() is not None else NON_GROUP_MEMBER
+
+
+class group(metaclass=_WorldMeta):  # noqa: N801 - the name torch users type: dist.group.WORLD
+    """Namespace holding ``group.WORLD`` (the default group)."""
+
+
+class GroupMember(metaclass=_WorldMeta):
+    """Namespace holding ``GroupMember.WORLD`` and ``GroupMember.NON_GROUP_MEMBER``."""
+
+
+def _is_non_member(group: Any) -> bool:
+    return group is NON_GROUP_MEMBER or (type(group) is int and group == _TORCH_NON_MEMBER)
 
 
 class Backend(str):  # noqa: SLOT000 - a str subclass, as torch's Backend
@@ -127,11 +166,14 @@ def init_process_group(
     device_id: Any = None,
     _ranks: list[int] | None = None,
 ) -> None:
-    """Initialise the default (world) group over colls; torch.distributed is left untouched.
+    """Initialise the default (world) group over colls, and make it torch.distributed's too.
 
     As ``torch.distributed.init_process_group``; ``backend`` is a colls backend ("tcp", "mpi"
     or a plugin's; "gloo" means tcp), ``store`` a colls Store or a torch Store. ``device_id`` and
     ``_ranks`` are accepted and ignored (colls binds no device and names groups itself).
+    torch's default group becomes a ``ProcessGroupColls`` over the same colls world
+    (:mod:`colls_torch._world`), unless torch.distributed was initialised before with another
+    backend (then a warning says that the two worlds stay apart).
     """
     name = _colls_backend(backend)
     try:
@@ -146,9 +188,13 @@ def init_process_group(
         if store is not None and 0 < world_size <= rank:  # gloo's C++ check: RuntimeError
             raise InvalidRankError(str(exc)) from exc
         raise
-    _REQUESTED_BACKEND[_WORLD_NAME] = str(backend).lower() if name else colls.get_backend()
+    requested = str(backend).lower() if name else colls.get_backend()
+    _REQUESTED_BACKEND[_WORLD_NAME] = requested
     try:
         _add_device_groups(REGISTRY.default, backend, pg_options)
+        world = REGISTRY.default
+        assert world is not None and REGISTRY.world_store is not None
+        _world.adopt_world(world, REGISTRY.world_store, requested, timeout)
     except BaseException:
         colls.destroy_process_group()
         _REQUESTED_BACKEND.clear()
@@ -162,13 +208,20 @@ def destroy_process_group(group: Any = None) -> None:
     Raises:
         AssertedValueError: before init_process_group (torch asserts; colls: ValueError).
     """
-    if group is NON_GROUP_MEMBER:
+    if _is_non_member(group):
         return
     if not colls.is_initialized():
         raise AssertedValueError(_dispatch.NOT_INITIALIZED)
     pg = resolve(group)
-    colls.destroy_process_group(group)
-    if pg is None or pg.name == _WORLD_NAME:
+    whole_world = pg is None or pg.name == _WORLD_NAME
+    if _world.torch_world() is not None and (whole_world or isinstance(group, ProcessGroupColls)):
+        # torch's destroy shuts every group it holds down, each through colls (and the world
+        # last), so both faces end together.
+        _dist.destroy_process_group(None if whole_world else group)
+    target = known(group)
+    if colls.is_initialized() and not getattr(target, "destroyed", False):
+        colls.destroy_process_group(target)
+    if whole_world:
         _REQUESTED_BACKEND.clear()
     else:
         _REQUESTED_BACKEND.pop(pg.name, None)
@@ -246,18 +299,23 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
 
 
 def known(group: Any) -> Any:
-    """Return ``group`` if it is one colls_torch can resolve (a group, WORLD, None, ...).
+    """Return the colls group (or colls' WORLD / non-member marker, or None) ``group`` names.
+
+    ``group`` is a torch group over colls (what colls_torch's init and new_group give torch),
+    a colls group, torch's or colls' markers, or None.
 
     Raises:
-        InvalidGroupError: it is not (torch's ValueError, colls' TypeError).
+        InvalidGroupError: it is none of these (torch's ValueError, colls' TypeError).
     """
-    if group is None or group is WORLD or group is NON_GROUP_MEMBER or isinstance(
-        group, ProcessGroup
-    ):
+    if isinstance(group, ProcessGroupColls):
+        return group.colls_group
+    if group is None or group is WORLD or isinstance(group, ProcessGroup):
         return group
+    if _is_non_member(group):
+        return NON_GROUP_MEMBER
     raise InvalidGroupError(
         f"Process group {group!r} is not a colls_torch group; pass a group made by "
-        "colls_torch.new_group (a torch.distributed group cannot be mixed with colls_torch)"
+        "colls_torch.new_group or by torch.distributed with the 'colls' backend"
     )
 
 
@@ -285,11 +343,7 @@ def member(group: Any, op: str, tensors: Any = None) -> ProcessGroup | None:
             stacklevel=3,
         )
         return None
-    if pg.device_groups:
-        first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
-        if isinstance(first, torch.Tensor):
-            return pg.device_groups.get(first.device.type, pg)
-    return pg
+    return on_device(pg, tensors)
 
 
 def _is_world(pg: ProcessGroup) -> bool:
@@ -348,6 +402,9 @@ def get_backend(group: Any = None) -> Backend:
     Raises:
         ValueError: ``group`` is not a group this process belongs to.
     """
+    torch_group = _world.torch_world() if group is None or group is WORLD else group
+    if isinstance(torch_group, ProcessGroupColls):
+        return Backend(torch_group.requested_backend)
     pg = resolve(group)
     if pg is None:
         raise ValueError("Invalid process group specified")
@@ -373,8 +430,11 @@ def get_pg_count() -> int:
 
     The world group counts as one and every ``new_group`` (also those ``new_subgroups`` makes)
     as one more, whether or not this process is a member; destroying one group does not lower
-    the count, destroying them all resets it to 0.
+    the count, destroying them all resets it to 0. With one world it is torch's own count
+    (groups torch's libraries made count too).
     """
+    if _world.torch_world() is not None:
+        return _dist.get_pg_count()
     return (1 if colls.is_initialized() else 0) + REGISTRY.group_count
 
 
@@ -421,7 +481,11 @@ def new_group(
         _REQUESTED_BACKEND[pg.name] = requested
     if _device_map(requested):  # every rank, members or not, gets here in the same order
         _add_device_groups(pg, requested, pg_options)
-    return pg
+    if _world.torch_world() is None:
+        return pg
+    members = None if ranks is None else sorted(ranks)
+    return _world.adopt_group(pg, members, requested, timeout, use_local_synchronization,
+                              group_desc)
 
 
 def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any = None,
@@ -482,14 +546,14 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]
 
 def get_global_rank(group: Any, group_rank: int) -> int:
     """Translate ``group_rank`` of ``group`` to a world rank (identity for group.WORLD)."""
-    if group is WORLD:
+    if group is WORLD or group is _world.torch_world():
         return group_rank
     return colls.get_global_rank(known(group), group_rank)
 
 
 def get_group_rank(group: Any, global_rank: int) -> int:
     """Translate world rank ``global_rank`` to its rank in ``group`` (identity for WORLD)."""
-    if group is WORLD:
+    if group is WORLD or group is _world.torch_world():
         return global_rank
     return colls.get_group_rank(known(group), global_rank)
 

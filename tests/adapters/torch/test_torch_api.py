@@ -304,21 +304,23 @@ def test_torch_store_adapter_close_ends_a_wait():
         store.get("k")
 
 
-# -- one process, two faces ---------------------------------------------------------------------
+# -- one process, one world -----------------------------------------------------------------------
 
 
 def _single_process(rank: int, size: int) -> dict[str, object]:
     C.init_process_group("gloo", store=T.HashStore(), rank=0, world_size=1)
     t = torch.arange(4.0)
     out = {
-        "backend": str(C.get_backend()), "torch untouched": not T.is_initialized(),
+        "backend": str(C.get_backend()),
+        "torch's world": (T.is_initialized(), T.get_backend(), C.group.WORLD is T.group.WORLD),
         "all_reduce": (C.all_reduce(t), t.tolist()),
         "twice": _raises(lambda: C.init_process_group("gloo", store=T.HashStore(), rank=0,
                                                       world_size=1)),
         "world group rank": C.get_group_rank(C.group.WORLD, 7),
     }
     C.destroy_process_group()
-    out["after destroy"] = (C.is_initialized(), _raises(lambda: C.get_rank()))
+    out["after destroy"] = (C.is_initialized(), _raises(lambda: C.get_rank()),
+                            T.is_initialized())
     return out
 
 
@@ -330,12 +332,13 @@ def _raises(call):
     return "no error"
 
 
-def test_single_process_world_leaves_torch_alone():
+def test_single_process_world_is_torchs_world():
     [out] = run_fresh(_single_process, 1)
     assert out == {
-        "backend": "gloo", "torch untouched": True, "all_reduce": (None, [0.0, 1.0, 2.0, 3.0]),
+        "backend": "gloo", "torch's world": (True, "colls", True),
+        "all_reduce": (None, [0.0, 1.0, 2.0, 3.0]),
         "twice": "ValueError", "world group rank": 7,
-        "after destroy": (False, "ValueError"),
+        "after destroy": (False, "ValueError", False),
     }
 
 
