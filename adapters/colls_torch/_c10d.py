@@ -122,6 +122,9 @@ class ProcessGroupColls(_dist.ProcessGroup):
         self.transport = self._group.backend_name
         #: The backend name as the user spelled it ("gloo"), for colls_torch.get_backend().
         self.requested_backend = options.requested_backend or BACKEND_NAME
+        #: How many calls torch (or a library through it) ran on this group: the evidence that
+        #: torch's traffic goes through colls.
+        self.calls_run = 0
         _LIVE_GROUPS.add(self)
 
     @property
@@ -164,6 +167,12 @@ class ProcessGroupColls(_dist.ProcessGroup):
     def _staging(self, group: ProcessGroup | None = None) -> Staging:
         return Staging((group or self._group).backend.devices)
 
+    def _submit(self, staging: Staging, call: Any, result: list[torch.Tensor],
+                async_op: bool) -> Work | None:
+        """Every method's one way into colls (:func:`~colls_torch._submit.submit`), counted."""
+        self.calls_run += 1
+        return submit(staging, call, result, async_op)
+
     def _all(self, works: list[Work | None], result: list[torch.Tensor]) -> Work:
         started = [w for w in works if w is not None]
         device = next((w.cuda_device for w in started if w.cuda_device is not None), None)
@@ -192,7 +201,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(tensor)
         st = self._staging(g)
         t = st.target(tensor)
-        return submit(st, lambda a: colls.all_reduce(t, op=cop, group=g, async_op=a),
+        return self._submit(st, lambda a: colls.all_reduce(t, op=cop, group=g, async_op=a),
                       [tensor], True)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor],
@@ -212,7 +221,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
             g = self._on(tensor)
             st = self._staging(g)
             t = st.target(tensor)
-            works.append(submit(st, lambda a, t=t, g=g: colls.broadcast(
+            works.append(self._submit(st, lambda a, t=t, g=g: colls.broadcast(
                 t, group=g, async_op=a, group_src=root), [tensor], True))
         return self._all(works, tensors)
 
@@ -226,7 +235,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
             g = self._on(tensor)
             st = self._staging(g)
             t = st.target(tensor)
-            works.append(submit(st, lambda a, t=t, g=g: colls.reduce(
+            works.append(self._submit(st, lambda a, t=t, g=g: colls.reduce(
                 t, op=cop, group=g, async_op=a, group_dst=opts.rootRank),
                 [tensor], True))
         return self._all(works, tensors)
@@ -240,7 +249,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
             g = self._on(tensor)
             st = self._staging(g)
             o, s = st.targets(outs), st.source(tensor)
-            works.append(submit(st, lambda a, o=o, s=s, g=g: colls.all_gather(
+            works.append(self._submit(st, lambda a, o=o, s=s, g=g: colls.all_gather(
                 o, s, group=g, async_op=a), outs, True))
         return self._all(works, [t for outs in output_tensors for t in outs])
 
@@ -250,7 +259,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(input)
         st = self._staging(g)
         o, s = st.target(output), st.source(input)
-        return submit(st, lambda a: colls.all_gather_into_tensor(
+        return self._submit(st, lambda a: colls.all_gather_into_tensor(
             o, s, group=g, async_op=a), [output], True)
 
     _allgather_base = all_gather_single
@@ -281,7 +290,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(input_tensors)
         st = self._staging(g)
         o, s = st.targets(outs) or None, st.source(input_tensors[0])
-        return submit(st, lambda a: colls.gather(
+        return self._submit(st, lambda a: colls.gather(
             s, o, group=g, async_op=a, group_dst=opts.rootRank), outs, True)
 
     def scatter(self, output_tensors: Any, input_tensors: list[list[torch.Tensor]],
@@ -293,7 +302,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(output_tensors)
         st = self._staging(g)
         o, i = st.target(output_tensors[0]), st.sources(ins) or None
-        return submit(st, lambda a: colls.scatter(
+        return self._submit(st, lambda a: colls.scatter(
             o, i, group=g, async_op=a, group_src=opts.rootRank), output_tensors, True)
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: list[list[torch.Tensor]],
@@ -305,7 +314,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(output_tensors)
         st = self._staging(g)
         o, i = st.target(output_tensors[0]), st.sources(input_tensors[0])
-        return submit(st, lambda a: colls.reduce_scatter(
+        return self._submit(st, lambda a: colls.reduce_scatter(
             o, i, op=cop, group=g, async_op=a), output_tensors, True)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -316,7 +325,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(output)
         st = self._staging(g)
         o, i = st.target(output), st.source(input)
-        return submit(st, lambda a: colls.reduce_scatter_tensor(
+        return self._submit(st, lambda a: colls.reduce_scatter_tensor(
             o, i, op=cop, group=g, async_op=a), [output], True)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -338,7 +347,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(output)
         st = self._staging(g)
         o, i = st.target(output), st.source(input)
-        return submit(st, lambda a: colls.all_to_all_single(
+        return self._submit(st, lambda a: colls.all_to_all_single(
             o, i, list(output_split_sizes or []) or None, list(input_split_sizes or []) or None,
             group=g, async_op=a), [output], True)
 
@@ -350,7 +359,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(output_tensors)
         st = self._staging(g)
         o, i = st.targets(output_tensors), st.sources(input_tensors)
-        return submit(st, lambda a: colls.all_to_all(o, i, group=g, async_op=a),
+        return self._submit(st, lambda a: colls.all_to_all(o, i, group=g, async_op=a),
                       output_tensors, True)
 
     def barrier(self, opts: Any = None) -> Work:
@@ -361,12 +370,13 @@ class ProcessGroupColls(_dist.ProcessGroup):
         timeout = getattr(opts, "timeout", None)
         if timeout is not None and timeout <= datetime.timedelta(0):
             timeout = None  # BarrierOptions' "unset" value (-1 ms): the group's timeout
-        return submit(self._staging(),
+        return self._submit(self._staging(),
                       lambda a: colls.barrier(group=self._group, async_op=a, timeout=timeout),
                       [], True)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive within ``timeout``."""
+        self.calls_run += 1
         with backend_call():
             colls.monitored_barrier(group=self._group, timeout=timeout,
                                     wait_all_ranks=wait_all_ranks)
@@ -379,7 +389,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(tensors)
         st = self._staging(g)
         s = st.source(tensors[0])
-        return submit(st, lambda _a: colls.isend(s, group=g, tag=tag, group_dst=dstRank),
+        return self._submit(st, lambda _a: colls.isend(s, group=g, tag=tag, group_dst=dstRank),
                       tensors, True)
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # noqa: N803
@@ -394,7 +404,7 @@ class ProcessGroupColls(_dist.ProcessGroup):
         g = self._on(tensors)
         st = self._staging(g)
         o = st.target(tensors[0])
-        return submit(st, lambda _a: colls.irecv(o, group=g, tag=tag, group_src=src),
+        return self._submit(st, lambda _a: colls.irecv(o, group=g, tag=tag, group_src=src),
                       tensors, True)
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -83,24 +83,27 @@ def test_a_restarted_group_starts_clean(tmp_path: Path) -> None:
     assert {r["pid"] for r in first.values()}.isdisjoint(r["pid"] for r in second.values())
 
 
-def test_colls_torch_and_ddp_over_colls_share_the_agent_store(tmp_path: Path) -> None:
+def test_one_init_gives_ddp_colls_world_through_the_agent_store(tmp_path: Path) -> None:
     done = torchrun(*single_node(2), str(WORKERS / "ddp_worker.py"), str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    got = reports(tmp_path, "rank*.json")
+    got = reports(tmp_path, "attempt0.rank*.json")
     assert sorted(got) == [0, 1]
     for rank, report in got.items():
         assert (report["torch_backend"], report["colls_backend"]) == ("colls", "gloo")
+        assert report["torch_calls_through_colls"] > 0, rank  # DDP's traffic went through colls
+        assert report["torch_initialized_after_destroy"] is False, rank
         assert report["gathered"] == [got[0]["ddp"], got[1]["ddp"]], rank  # equal everywhere
         np.testing.assert_allclose(report["ddp"], report["expected"], rtol=1e-12, atol=1e-15)
 
 
-def test_two_agents_joined_by_the_c10d_rendezvous_form_one_world(tmp_path: Path) -> None:
+def two_agents(script: str, out: Path) -> None:
+    """Run ``script OUT`` under two torchrun agents of 2 workers joined by the c10d rendezvous."""
     endpoint = f"127.0.0.1:{free_port()}"
     flags = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
              f"--rdzv-endpoint={endpoint}", "--rdzv-id=colls-two-agents",
-             str(WORKERS / "core_worker.py"), str(tmp_path)]
+             str(WORKERS / script), str(out)]
     command = [sys.executable, "-m", "torch.distributed.run", *flags]
-    agents = [subprocess.Popen(command, cwd=tmp_path, env=launcher_env(), text=True,
+    agents = [subprocess.Popen(command, cwd=out, env=launcher_env(), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
               for _ in range(2)]
     try:
@@ -112,6 +115,10 @@ def test_two_agents_joined_by_the_c10d_rendezvous_form_one_world(tmp_path: Path)
                 agent.communicate(timeout=TORCHRUN_TIMEOUT_S)
     for agent, (_, stderr) in zip(agents, outputs, strict=True):
         assert agent.returncode == 0, stderr
+
+
+def test_two_agents_joined_by_the_c10d_rendezvous_form_one_world(tmp_path: Path) -> None:
+    two_agents("core_worker.py", tmp_path)
     got = reports(tmp_path, "attempt0.rank*.json")
     assert sorted(got) == [0, 1, 2, 3]
     assert sorted((r["group_rank"], r["local_rank"]) for r in got.values()) == [

@@ -1,16 +1,20 @@
-"""A torchrun worker on both torch faces: colls_torch's own rendezvous, and DDP over colls.
+"""A torchrun worker: one import swapped, then DDP as a training script has it.
 
-Usage: ``ddp_worker.py OUT_DIR``. ``colls_torch.init_process_group("gloo", "env://")`` joins
-colls' world through torchrun's agent store; ``torch.distributed.init_process_group("colls")``
-joins torch's through the same store (torch's own rendezvous, another key namespace), and DDP
-averages gradients over it. Each rank writes OUT_DIR/rank<R>.json: its DDP gradients after one
-backward pass, the gradients gathered from every rank through colls_torch, and the average of
-every rank's local gradients computed here with plain torch (what DDP must produce).
+Usage: ``ddp_worker.py OUT_DIR [FAIL_RANK]``. ``colls_torch.init_process_group("gloo")`` is the
+only init: it joins colls' world through torchrun's agent store and makes it torch's default
+group, so ``DistributedDataParallel(model)`` (no ``process_group``) averages gradients over colls.
+Each rank writes OUT_DIR/attempt<A>.rank<R>.json (A = TORCHELASTIC_RESTART_COUNT): its DDP
+gradients after one backward pass, the gradients gathered from every rank through colls_torch,
+the average of every rank's local gradients computed here with plain torch (what DDP must
+produce), the backends both faces report, how many calls torch's default group ran through
+colls, and whether torch is left initialised after colls_torch's destroy. In the first
+attempt, FAIL_RANK (when given) exits 3 after its report, so that torchrun restarts the group.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,20 +45,27 @@ def gradients(net: torch.nn.Module, rank: int) -> torch.Tensor:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    dist.init_process_group("gloo", init_method="env://")
-    torch.distributed.init_process_group("colls")
+    fail_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     ddp = gradients(DistributedDataParallel(model()), rank)
     every = [torch.empty_like(ddp) for _ in range(size)]
     dist.all_gather(every, ddp)
     expected = torch.stack([gradients(model(), r) for r in range(size)]).mean(dim=0)
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "size": size, "ddp": ddp.tolist(),
+    report = {
+        "rank": rank, "size": size, "ddp": ddp.tolist(), "pid": os.getpid(),
         "gathered": [g.tolist() for g in every], "expected": expected.tolist(),
         "torch_backend": torch.distributed.get_backend(), "colls_backend": str(dist.get_backend()),
-    }))
-    torch.distributed.destroy_process_group()
+        "torch_calls_through_colls": torch.distributed.group.WORLD.calls_run,
+    }
+    if attempt == 0 and rank == fail_rank:
+        (out / f"attempt{attempt}.rank{rank}.json").write_text(json.dumps(report))
+        sys.exit(3)
+    dist.barrier()
     dist.destroy_process_group()
+    report["torch_initialized_after_destroy"] = torch.distributed.is_initialized()
+    (out / f"attempt{attempt}.rank{rank}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
