@@ -23,7 +23,7 @@ from typing import Any
 from colls import buffers, fingerprint, streams
 from colls.buffers import Buffer
 from colls.process_group import ProcessGroup
-from colls.reduce_ops import ReduceSpec, resolve_op
+from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
 from colls.registry import NON_GROUP_MEMBER, REGISTRY, WORLD
 from colls.work import Work, seconds
 
@@ -299,9 +299,12 @@ def reduce_spec(op: Any, buf: Buffer, *, op_name: str) -> ReduceSpec:
     """Check that ``op`` applies to ``buf``'s dtype, before any byte moves."""
     spec = resolve_op(op, buf.dtype, op_name=op_name, rank=REGISTRY.world_rank)
     pg = getattr(_call, "group", None)
-    check = getattr(pg.backend, "check_reduction", None) if pg is not None else None
+    backend = pg.backend if pg is not None else None
+    check = getattr(backend, "check_reduction", None)
     if check is not None:  # optional backend hook: what its transport cannot reduce (NCCL)
         check(spec, op_name=op_name, rank=REGISTRY.world_rank)
+    if spec.kind is RedOpType.AVG and getattr(backend, "reduces_avg", False):
+        spec = spec.averaged_by_backend()  # the backend divides (NCCL's ncclAvg), not finish()
     _record(op_name).reduce_op = spec.name
     return spec
 

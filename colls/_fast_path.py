@@ -118,7 +118,9 @@ def _all_reduce_plan(
         "all_reduce", dtype=dtype.name, shape=tensor.shape, reduce_op=spec.name
     )
     job = pg.backend.all_reduce
-    if spec.kind is RedOpType.AVG:
+    if spec.kind is RedOpType.AVG and getattr(pg.backend, "reduces_avg", False):
+        spec = spec.averaged_by_backend()  # the backend divides, as in _dispatch.reduce_spec
+    elif spec.kind is RedOpType.AVG:
         size, backend_all_reduce = pg.size, job
 
         def job(array: np.ndarray, spec: ReduceSpec, tag: int) -> None:

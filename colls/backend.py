@@ -90,6 +90,9 @@ class Backend(ABC):
     #: the caller's thread, and its collectives on the group's, so without the wait two ranks
     #: could launch the same calls in different orders on one communicator and deadlock.
     p2p_after_queued_collectives: bool = False
+    #: Whether the backend's reductions compute AVG themselves (NCCL's ``ncclAvg``): the core
+    #: then hands it AVG without dividing the result by the group size afterwards.
+    reduces_avg: bool = False
 
     def __init__(
         self, store: Store, rank: int, world_size: int, options: BackendOptions

@@ -279,7 +279,8 @@ def float32_to_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.nda
     Returns:
         The ``uint16`` words (``out`` when given).
     """
-    if not hasattr(values, "__cuda_array_interface__"):  # CuPy stays CuPy
+    on_device = hasattr(values, "__cuda_array_interface__")
+    if not on_device:  # CuPy stays CuPy
         values = np.asarray(values, dtype=np.float32)
     bits = values.view(np.uint32)
     rounded = bits >> _BF16_SHIFT
@@ -292,6 +293,8 @@ def float32_to_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.nda
     else:
         np.copyto(out, rounded, casting="unsafe")
     nan = np.isnan(values)
-    if nan.any():
+    if on_device:  # ``nan.any()`` would wait for the GPU, once per block: a masked copy does not
+        np.copyto(out, BF16_CANONICAL_NAN, where=nan)
+    elif nan.any():  # on the host, the check is cheaper than the masked copy it usually skips
         out[nan] = BF16_CANONICAL_NAN
     return out

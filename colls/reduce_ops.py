@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import numbers
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, final
 
 import numpy as np
@@ -156,6 +156,8 @@ class ReduceSpec:
     name: str = field(init=False, repr=False, compare=False)
     #: Whether the values are floating or complex (their arithmetic runs under ``_IEEE``).
     _floating: bool = field(init=False, repr=False, compare=False)
+    #: AVG only: the backend averages (NCCL's ``ncclAvg``), so :meth:`finish` does not divide.
+    backend_averages: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", self.kind.name)
@@ -192,6 +194,10 @@ class ReduceSpec:
             for other in others:
                 ufunc(acc, other, out=acc)
 
+    def averaged_by_backend(self) -> ReduceSpec:
+        """Return this AVG spec for a backend that averages itself: :meth:`finish` is a no-op."""
+        return replace(self, backend_averages=True)
+
     def prepare(self, array: np.ndarray) -> None:
         """Apply the pre-communication step in place (PREMUL_SUM: multiply by the factor)."""
         if self.kind is RedOpType.PREMUL_SUM:
@@ -199,7 +205,7 @@ class ReduceSpec:
 
     def finish(self, array: np.ndarray, world_size: int) -> None:
         """Apply the post-communication step in place (AVG: divide by ``world_size``)."""
-        if self.kind is RedOpType.AVG:
+        if self.kind is RedOpType.AVG and not self.backend_averages:
             _scale(array, self.dtype, world_size, np.divide)
 
     def numpy_reference(self, arrays: list[np.ndarray]) -> np.ndarray:

@@ -13,7 +13,14 @@ collectives and point-to-point stage the whole buffer (one copy each way).
 Ordering with the caller: the copies run on streams of their own, after an event recorded on the
 caller's current stream (the core makes it current on whichever thread runs the job), so a kernel
 that wrote the array before the call is finished before a byte is read. The call returns after the
-last copy up has finished, and the caller's stream is made to wait on it too.
+last copy up has finished. A staged irecv copies up later, on the transport's thread, whose
+current stream is not the caller's: its event is recorded when irecv is called (:attr:`Device.mark`)
+and the copy up waits on that one, so a kernel the caller queued before the irecv (reading the
+array's old contents, on a non-blocking stream) is not overwritten under it.
+
+Reuse: the copy streams and the completion events (without timing) are made once per thread and
+device and reused by every call; the pinned buffers come from a pool that takes the smallest free
+buffer that fits and keeps at most :data:`PINNED_POOL_MAX_BYTES` free.
 
 :func:`run_segmented` is the pipeline; it talks to the device through a :class:`Copier`, the few
 operations it needs. :class:`CupyCopier` implements them with CuPy (the core imports CUDA memory as
@@ -35,6 +42,12 @@ from colls import env
 #: copied back up. A fourth would not add overlap: the transport is the only host-side stage.
 PIPELINE_DEPTH = 3
 
+#: Bytes of free pinned buffers the pool keeps for later calls: pinning costs milliseconds per
+#: buffer, but page-locked memory is taken from the whole machine (every rank on the host has a
+#: pool). 1 GiB keeps the pipelines' segments and whole-buffer staging of arrays up to that size;
+#: beyond it, the buffers given back longest ago are unpinned first.
+PINNED_POOL_MAX_BYTES = 1 << 30
+
 
 def is_cuda_array(value: Any) -> bool:
     """Return whether ``value`` is device memory (a CuPy view: the core imports CUDA that way)."""
@@ -52,7 +65,8 @@ class Copier(Protocol):
         """Start copying ``host`` to byte ``offset`` of the array; return an event."""
 
     def wait(self, event: Any) -> None:
-        """Block the calling thread until ``event`` has completed."""
+        """Block the calling thread until ``event`` has completed (each event is waited at most
+        once: the copier may reuse it afterwards)."""
 
     def finish(self) -> None:
         """Wait for every copy started; order the caller's stream after them."""
@@ -118,64 +132,146 @@ def run_segmented(
         copier.finish()  # never return (or raise) with a copy still reading a pinned buffer
 
 
+class _CopyStreams:
+    """One thread's copy streams on one GPU, and its spare completion events (no timing)."""
+
+    def __init__(self, cupy: Any, device: Any) -> None:
+        self.cupy = cupy
+        with device:  # streams and events belong to the array's GPU
+            self.down = cupy.cuda.Stream(non_blocking=True)
+            self.up = cupy.cuda.Stream(non_blocking=True)
+        self.device = device
+        self.spare: list[Any] = []
+
+    def event(self) -> Any:
+        """Return an event to record: a spare one, else a new one without timing."""
+        if self.spare:
+            return self.spare.pop()
+        with self.device:
+            return self.cupy.cuda.Event(disable_timing=True)
+
+
+_THREAD = threading.local()
+
+
+def _copy_streams(cupy: Any, device: Any) -> _CopyStreams:
+    """Return the calling thread's :class:`_CopyStreams` for CuPy device ``device``."""
+    cache: dict[int, _CopyStreams] | None = getattr(_THREAD, "streams", None)
+    if cache is None:
+        cache = _THREAD.streams = {}
+    streams = cache.get(device.id)
+    if streams is None:
+        streams = cache[device.id] = _CopyStreams(cupy, device)
+    return streams
+
+
 class CupyCopier:
     """:class:`Copier` for one contiguous CuPy array: a stream each way, after the caller's stream.
 
     Two streams, so that a copy up and a copy down can run at once on GPUs with two copy engines.
+    They and the events are the calling thread's (:func:`_copy_streams`): a copier is used on the
+    thread that made it.
+
+    Args:
+        array: the device array.
+        after: an event the copies wait for (:func:`mark_current_stream`, recorded when the
+            call was made); None: an event recorded now on the current stream.
     """
 
-    def __init__(self, array: Any) -> None:
+    def __init__(self, array: Any, after: Any = None) -> None:
         import cupy
 
-        self._cupy = cupy
         self._base = array.data  # a MemoryPointer to the first byte
-        ready = cupy.cuda.get_current_stream().record()
-        with array.device:  # the copies' streams belong to the array's GPU
-            self._down = cupy.cuda.Stream(non_blocking=True)
-            self._up = cupy.cuda.Stream(non_blocking=True)
-        self._down.wait_event(ready)
-        self._up.wait_event(ready)
+        self._streams = streams = _copy_streams(cupy, array.device)
+        self._out: dict[int, Any] = {}  # id -> event handed out and not yet waited for
+        if after is None:
+            after = self._event(cupy.cuda.get_current_stream())
+        streams.down.wait_event(after)
+        streams.up.wait_event(after)
+
+    def _event(self, stream: Any) -> Any:
+        event = self._streams.event()
+        event.record(stream)
+        self._out[id(event)] = event
+        return event
 
     def download(self, offset: int, host: np.ndarray) -> Any:
-        (self._base + offset).copy_to_host_async(host.ctypes.data, host.nbytes, self._down)
-        return self._down.record()
+        down = self._streams.down
+        (self._base + offset).copy_to_host_async(host.ctypes.data, host.nbytes, down)
+        return self._event(down)
 
     def upload(self, host: np.ndarray, offset: int) -> Any:
-        (self._base + offset).copy_from_host_async(host.ctypes.data, host.nbytes, self._up)
-        return self._up.record()
+        up = self._streams.up
+        (self._base + offset).copy_from_host_async(host.ctypes.data, host.nbytes, up)
+        return self._event(up)
 
     def wait(self, event: Any) -> None:
         event.synchronize()
+        if self._out.pop(id(event), None) is not None:
+            self._streams.spare.append(event)  # fired: free to record again
 
     def finish(self) -> None:
-        self._down.synchronize()
-        self._up.synchronize()
-        self._cupy.cuda.get_current_stream().wait_event(self._up.record())
+        # The host waits for both streams: whatever the caller queues from now on runs after
+        # the copies, and every event this copier recorded has fired (reusable).
+        self._streams.down.synchronize()
+        self._streams.up.synchronize()
+        self._streams.spare.extend(self._out.values())
+        self._out.clear()
+
+
+def mark_current_stream(array: Any) -> Any:
+    """Return a new event recorded now on the current stream of ``array``'s GPU.
+
+    A staged irecv records it at the call, for the copy up that runs later on another thread.
+    """
+    import cupy
+
+    with array.device:
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(cupy.cuda.get_current_stream())
+    return event
 
 
 class PinnedPool:
     """Page-locked host buffers, kept between calls (pinning is slow: milliseconds per buffer).
 
-    Thread-safe: groups running on their own threads each take a set of their own.
+    :meth:`take` returns the smallest free buffer that is large enough (a small call does not
+    hold a large buffer); at most ``max_free_bytes`` of free buffers are kept, the ones given
+    back longest ago being released first. Thread-safe: groups running on their own threads
+    each take a set of their own.
     """
 
-    def __init__(self, allocate: Callable[[int], np.ndarray]) -> None:
+    def __init__(self, allocate: Callable[[int], np.ndarray],
+                 max_free_bytes: int = PINNED_POOL_MAX_BYTES) -> None:
         self._allocate = allocate
-        self._free: list[np.ndarray] = []
+        self._max_free_bytes = max_free_bytes
+        self._free: list[np.ndarray] = []  # oldest given back first
+        self._free_bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes of the free buffers held for reuse."""
+        return self._free_bytes
 
     def take(self, nbytes: int) -> np.ndarray:
         """Return a uint8 host buffer of at least ``nbytes`` bytes (give it back: :meth:`give`)."""
         with self._lock:
-            for i, buf in enumerate(self._free):
-                if buf.nbytes >= nbytes:
-                    return self._free.pop(i)
+            fits = [(buf.nbytes, i) for i, buf in enumerate(self._free) if buf.nbytes >= nbytes]
+            if fits:
+                buf = self._free.pop(min(fits)[1])
+                self._free_bytes -= buf.nbytes
+                return buf
         return self._allocate(max(nbytes, 1))
 
     def give(self, buf: np.ndarray) -> None:
-        """Return a buffer taken with :meth:`take`."""
+        """Return a buffer taken with :meth:`take`; it is released (unpinned when nothing else
+        references it) if keeping it would hold more than ``max_free_bytes`` free."""
         with self._lock:
             self._free.append(buf)
+            self._free_bytes += buf.nbytes
+            while self._free_bytes > self._max_free_bytes:
+                self._free_bytes -= self._free.pop(0).nbytes
 
 
 def _allocate_pinned(nbytes: int) -> np.ndarray:
@@ -185,16 +281,28 @@ def _allocate_pinned(nbytes: int) -> np.ndarray:
     return np.frombuffer(memory, dtype=np.uint8, count=nbytes)
 
 
+def _no_mark(array: Any) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Device:
-    """What staging needs of a device: a :class:`Copier` per array, and a pool of host buffers."""
+    """What staging needs of a device.
 
-    copier: Callable[[Any], Copier]
+    Attributes:
+        copier: ``copier(array, after=None)`` returns a :class:`Copier` for ``array`` whose
+            copies wait for ``after`` (a :attr:`mark`), or for the current stream when None.
+        pinned: the pool of host buffers.
+        mark: ``mark(array)`` returns an event recorded now on the caller's current stream.
+    """
+
+    copier: Callable[..., Copier]
     pinned: PinnedPool
+    mark: Callable[[Any], Any] = _no_mark
 
 
 #: The device staging talks to: CUDA through CuPy.
-CUDA = Device(CupyCopier, PinnedPool(_allocate_pinned))
+CUDA = Device(CupyCopier, PinnedPool(_allocate_pinned), mark_current_stream)
 
 
 def staged_elementwise(
@@ -252,9 +360,12 @@ def host_space(array: Any) -> tuple[np.ndarray, np.ndarray]:
     return pinned[: array.nbytes].view(np.dtype(array.dtype)), pinned
 
 
-def to_device(host: np.ndarray, array: Any) -> None:
-    """Copy a host array into device ``array`` (same number of bytes); return when it is there."""
-    copier = CUDA.copier(array)
+def to_device(host: np.ndarray, array: Any, after: Any = None) -> None:
+    """Copy a host array into device ``array`` (same number of bytes); return when it is there.
+
+    ``after``: an event (:attr:`Device.mark`) the copy waits for; None: the current stream.
+    """
+    copier = CUDA.copier(array) if after is None else CUDA.copier(array, after)
     try:
         if host.nbytes:
             copier.upload(host.view(np.uint8), 0)
@@ -349,6 +460,9 @@ def stage_cuda(cls: type) -> type:
             return irecv(self, array, src, tag)
         from colls.work import chain
 
+        # The copy up runs on the transport's thread: order it after the caller's stream as it
+        # is now, not after that thread's (see the module docstring).
+        called = CUDA.mark(array)
         host, block = host_space(array)
         pool = CUDA.pinned
         try:
@@ -360,7 +474,7 @@ def stage_cuda(cls: type) -> type:
 
         def copy_up(sender: Any) -> Any:
             try:
-                to_device(host, array)
+                to_device(host, array, called)
             finally:
                 pool.give(block)
             return sender

@@ -30,13 +30,18 @@ class ThreadCopier:
     """A :class:`colls.staging.Copier` over a NumPy array, copying on two threads.
 
     Attributes:
+        after: the mark (:class:`Mark`) the copies were told to wait for, or None (the current
+            stream at construction).
+        thread: the name of the thread that made the copier.
         log: ``("download" | "upload", offset)`` in the order the copies were started.
         violations: descriptions of copies that wrote a host buffer still being read.
         finished: whether :meth:`finish` ran.
     """
 
-    def __init__(self, device: np.ndarray) -> None:
+    def __init__(self, device: np.ndarray, after: Mark | None = None) -> None:
         self.device = device.reshape(-1).view(np.uint8)
+        self.after = after
+        self.thread = threading.current_thread().name
         self._down = ThreadPoolExecutor(1)
         self._up = ThreadPoolExecutor(1)
         self._reading: dict[int, Future[None]] = {}  # host address -> copy up still reading it
@@ -85,6 +90,19 @@ class ThreadCopier:
         self.finished = True
 
 
+class Mark:
+    """What :attr:`colls.staging.Device.mark` returns here: where and when it was recorded.
+
+    Attributes:
+        thread: the name of the thread that called it (the caller's, for a staged irecv).
+        contents: the stand-in array's bytes at that moment.
+    """
+
+    def __init__(self, array: StandInDeviceArray) -> None:
+        self.thread = threading.current_thread().name
+        self.contents = array.host.tobytes()
+
+
 class StandInDeviceArray:
     """NumPy memory that presents itself as CUDA memory, so that staging copies it.
 
@@ -103,19 +121,20 @@ class StandInDeviceArray:
 def threaded_device() -> Iterator[list[ThreadCopier]]:
     """Stage :class:`StandInDeviceArray` through :class:`ThreadCopier` instead of CUDA.
 
-    Yields the list of copiers made meanwhile (check their ``violations``). Pinned buffers come
-    from a pool of ordinary host memory. The real device is restored on exit.
+    Yields the list of copiers made meanwhile (check their ``violations``, and ``after``: the
+    :class:`Mark` a staged irecv's copy up was ordered after). Pinned buffers come from a pool of
+    ordinary host memory. The real device is restored on exit.
     """
     copiers: list[ThreadCopier] = []
 
-    def copier(array: StandInDeviceArray) -> ThreadCopier:
-        made = ThreadCopier(array.host)
+    def copier(array: StandInDeviceArray, after: Mark | None = None) -> ThreadCopier:
+        made = ThreadCopier(array.host, after)
         copiers.append(made)
         return made
 
     real = staging.CUDA
     staging.CUDA = staging.Device(copier, staging.PinnedPool(
-        lambda nbytes: np.zeros(nbytes, dtype=np.uint8)))
+        lambda nbytes: np.zeros(nbytes, dtype=np.uint8)), Mark)
     try:
         yield copiers
     finally:

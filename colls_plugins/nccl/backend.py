@@ -27,7 +27,9 @@ Streams, as torch's ProcessGroupNCCL orders them:
 Fail fast: the watchdog (:mod:`~colls_plugins.nccl.inflight`) aborts the communicator
 (``comm.abort()``; never ``destroy()``, which can block forever on stuck work) when an operation
 outlives the group timeout or NCCL reports an asynchronous error; the core's health machinery
-calls :meth:`NcclBackend.abort` when another rank failed. Later calls raise the error.
+calls :meth:`NcclBackend.abort` when another rank failed. Later calls raise the error. A healthy
+group's communicator is destroyed at close, once its work has drained
+(:mod:`~colls_plugins.nccl.communicator`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from colls.backend import Backend
 from colls.errors import BackendError, CollsError, CollsTimeoutError
 from colls.work import Work
 from colls_plugins.nccl import datatypes, errors, inflight, runtime
+from colls_plugins.nccl.communicator import Communicator
 from colls_plugins.nccl.inflight import InFlight
 
 if TYPE_CHECKING:
@@ -49,7 +52,8 @@ if TYPE_CHECKING:
     from colls.reduce_ops import ReduceSpec
     from colls.store.base import Store
 
-#: Seconds close() lets launched work finish before aborting the communicator.
+#: Seconds close() lets launched work finish before aborting the communicator, and then lets
+#: a healthy communicator's destroy take.
 CLOSE_WAIT: Final = 5.0
 
 
@@ -90,6 +94,7 @@ class NcclBackend(Backend):
         )
         unique_id = runtime.exchange_unique_id(store, rank, nccl.get_unique_id, self.timeout)
         self._comm = self._create_communicator(unique_id)
+        self._communicator = Communicator(self._comm, self._device, self._where)
         with self._device:
             self._stream = cupy.cuda.Stream(non_blocking=True)
             self._send_stream = cupy.cuda.Stream(non_blocking=True)
@@ -99,8 +104,6 @@ class NcclBackend(Backend):
         #: Held while NCCL calls are enqueued (never while waiting for the GPU); abort() does not
         #: take it, since it is what unblocks a launch stuck on a dead peer.
         self._launch_lock = threading.Lock()
-        #: Held while the communicator is queried or aborted: abort() frees it.
-        self._query_lock = threading.Lock()
         self._broken: CollsError | None = None
         self._closed = False
         self._inflight = InFlight(self._device, self.timeout, self._check_async, self._fail,
@@ -138,6 +141,8 @@ class NcclBackend(Backend):
 
     #: Point-to-point must launch after the collectives queued before it (see Backend).
     p2p_after_queued_collectives = True
+    #: AVG is NCCL's ncclAvg (datatypes): the core must not divide the result again.
+    reduces_avg = True
 
     def check_reduction(self, spec: ReduceSpec, *, op_name: str, rank: int) -> None:
         """Refuse a (dtype, op) NCCL cannot reduce, before the call is submitted.
@@ -153,14 +158,22 @@ class NcclBackend(Backend):
         self._fail(failure)
 
     def close(self) -> None:
-        """Let launched work finish (up to CLOSE_WAIT s), then abort the communicator."""
+        """Let launched work finish (up to CLOSE_WAIT s), then release the communicator.
+
+        Destroyed when every operation completed and nothing failed; aborted otherwise (see
+        :mod:`~colls_plugins.nccl.communicator`).
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._inflight.drain(min(CLOSE_WAIT, self.timeout))
+        wait = min(CLOSE_WAIT, self.timeout)
+        drained = self._inflight.drain(wait)
         self._inflight.stop()
-        self._abort_communicator()
+        if drained and self._broken is None:
+            self._communicator.destroy(wait)
+        else:
+            self._communicator.abort()
 
     # -- point-to-point ------------------------------------------------------------------------
 
@@ -485,11 +498,10 @@ class NcclBackend(Backend):
 
     def _check_async(self) -> None:
         """Raise the colls error for an asynchronous NCCL error (a peer died), if any."""
+        if self._broken is not None:
+            return  # aborted (or being aborted): the communicator must not be queried
         try:
-            with self._query_lock:
-                if self._broken is not None:
-                    return  # aborted (or being aborted): the communicator must not be queried
-                self._comm.check_async_error()
+            self._communicator.check_async_error()
         except Exception as exc:
             error = errors.translate(exc, self._nccl.NcclError, what=self._where)
             if error is None:
@@ -503,14 +515,7 @@ class NcclBackend(Backend):
                 return
             self._broken = error
         self._inflight.fail(error)
-        self._abort_communicator()
-
-    def _abort_communicator(self) -> None:
-        comm = self._comm
-        with self._query_lock:
-            if getattr(comm, "comm", 0):  # CuPy sets it to 0 once aborted or destroyed
-                with self._device:
-                    comm.abort()
+        self._communicator.abort()
 
 
 def _recorded(cupy: Any, stream: Any) -> Any:

@@ -6,15 +6,19 @@ refused here, before anything is launched:
 
 * bool travels as uint8 0/1 words: SUM becomes MAX (logical or), PRODUCT becomes MIN (logical
   and), as torch's ProcessGroupNCCL does.
-* complex travels as pairs of its real type for SUM, AVG and PREMUL_SUM (each part sums on its
-  own); PRODUCT is refused with torch's message; MIN and MAX never get here (the core refuses them
-  for complex).
+* complex travels as pairs of its real type for SUM, AVG and PREMUL_SUM (each part is reduced
+  on its own); PRODUCT is refused with torch's message; MIN and MAX never get here (the core
+  refuses them for complex).
 * int16 and uint16, which NCCL lacks, are widened into a 32-bit copy: SUM and PRODUCT through
   uint32, whose arithmetic modulo 2**32 keeps the low 16 bits exactly what 16-bit wrapping
   arithmetic gives; MIN and MAX through int32, which orders every int16 and uint16 value.
-* AVG and PREMUL_SUM are NCCL SUM: the core's :class:`~colls.reduce_ops.ReduceSpec` scales each
-  rank's input before (PREMUL_SUM, as the bindings lack ``ncclRedOpCreatePreMulSum``) and divides
-  the result after (AVG), so the division lives in one place for every backend.
+* AVG is NCCL's own ``ncclAvg`` (``NCCL_AVG``), as under torch's ProcessGroupNCCL. AVG reaches
+  NCCL only on floating and complex dtypes (the core refuses it on the others), for which NCCL
+  multiplies each rank's input by 1/n, rounded to the dtype, and sums: a sum of two float16
+  40000s is never formed, so it cannot overflow to inf. The backend declares ``reduces_avg``, so
+  the core does not divide the result again.
+* PREMUL_SUM is NCCL SUM: the core's :class:`~colls.reduce_ops.ReduceSpec` scales each rank's
+  input before, as CuPy's bindings lack ``ncclRedOpCreatePreMulSum``.
 * BAND, BOR and BXOR are refused with torch's error (``Cannot use ReduceOp.BAND with NCCL``).
 
 Data movement (broadcast, gather, all_to_all, send/recv) is dtype-blind: it moves bytes as uint8.
@@ -53,7 +57,7 @@ _NATIVE: Final = {
 # colls' kind -> NCCL op, for native dtypes (AVG and PREMUL_SUM: see the module docstring).
 _OPS: Final = {
     RedOpType.SUM: "NCCL_SUM",
-    RedOpType.AVG: "NCCL_SUM",
+    RedOpType.AVG: "NCCL_AVG",
     RedOpType.PREMUL_SUM: "NCCL_SUM",
     RedOpType.PRODUCT: "NCCL_PROD",
     RedOpType.MIN: "NCCL_MIN",
@@ -107,6 +111,9 @@ def reduction(dtype: DType, kind: RedOpType, *, op_name: str, rank: int) -> Nccl
     where = f"{op_name} on rank {rank}"
     if kind in _BITWISE:
         raise ValueError(f"{where}: Cannot use ReduceOp.{kind.name} with NCCL")
+    if kind is RedOpType.AVG and not (dtype.is_floating or dtype.is_complex):
+        # The core refuses it first; NCCL would average integers with a truncating division.
+        raise ValueError(f"{where}: ReduceOp.AVG on {dtype.name} is not supported with NCCL")
     if dtype is dtypes.BOOL and kind in _BOOL_OPS:
         return NcclReduction("NCCL_UINT8", _BOOL_OPS[kind], view="uint8")
     if dtype in _COMPLEX_PARTS:
@@ -117,7 +124,7 @@ def reduction(dtype: DType, kind: RedOpType, *, op_name: str, rank: int) -> Nccl
                 "separately)"
             )
         part = _COMPLEX_PARTS[dtype]
-        return NcclReduction(f"NCCL_{part.upper()}", "NCCL_SUM", view=part)
+        return NcclReduction(f"NCCL_{part.upper()}", _OPS[kind], view=part)
     if dtype in _NARROW and kind in _OPS:
         wide = "uint32" if kind in _WRAPPING else "int32"
         return NcclReduction(f"NCCL_{wide.upper()}", _OPS[kind], widen=wide)

@@ -6,7 +6,10 @@ every launched operation. It
 * keeps the operation's arrays referenced until its event has fired, so the memory the GPU reads
   or writes cannot be freed and reused under it;
 * completes the operation's :class:`~colls.work.Work`, if it has one (point-to-point), when the
-  event fires;
+  event fires, on a second thread (``colls-nccl-completion``): completing a Work runs its
+  callbacks, and the core's are not always quick (a staged receive copies into the caller's
+  non-contiguous array and synchronises a stream that may wait behind the caller's kernels).
+  Run inside the poll, they would stop every timeout and asynchronous error from being seen;
 * fails the group when an operation outlives the group timeout, or when NCCL reports an
   asynchronous error (a peer that died): ``on_failure`` then aborts the communicator, and every
   pending Work fails with the error.
@@ -16,6 +19,7 @@ Events are polled (``cudaEventQuery``): a blocking wait could not be bounded by 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -72,11 +76,17 @@ class InFlight:
         self._check_async = check_async
         self._on_failure = on_failure
         self._pending: list[_Entry] = []
+        #: Entries whose events fired and whose Works the completion thread has not completed.
+        self._completing = 0
+        self._done: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._stopped = False
         self._failed: CollsError | None = None
         self._thread = threading.Thread(target=self._run, name="colls-nccl-watchdog", daemon=True)
+        self._completer = threading.Thread(target=self._complete, name="colls-nccl-completion",
+                                           daemon=True)
         self._thread.start()
+        self._completer.start()
 
     def add(self, what: str, event: Any, keep: tuple[Any, ...], work: Work | None = None,
             result: Any = None) -> None:
@@ -91,15 +101,16 @@ class InFlight:
             work.set_exception(failed)
 
     def drain(self, timeout: float) -> bool:
-        """Wait until nothing is pending, or ``timeout`` seconds; return whether it drained."""
+        """Wait until every operation has finished and its Work is completed, or ``timeout``
+        seconds; return whether it drained (False also when the group failed)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._pending and self._failed is None:
+            while (self._pending or self._completing) and self._failed is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cond.wait(min(left, 0.05))
-            return not self._pending
+            return not self._pending and not self._completing and self._failed is None
 
     def fail(self, error: CollsError) -> None:
         """Fail every pending Work with ``error`` and stop watching (the group is broken)."""
@@ -114,12 +125,19 @@ class InFlight:
                 entry.work.set_exception(error)
 
     def stop(self) -> None:
-        """End the watchdog thread. Idempotent."""
+        """End the watchdog thread, and the completion thread once it has completed the Works
+        of the operations already seen to finish. Idempotent."""
         with self._cond:
+            if self._stopped:
+                return
             self._stopped = True
             self._cond.notify_all()
-        if self._thread is not threading.current_thread():
+        self._done.put(None)
+        current = threading.current_thread()
+        if self._thread is not current:
             self._thread.join()
+        if self._completer is not current:  # a callback stuck on the GPU must not hang close()
+            self._completer.join(self._timeout)
 
     # -- the thread ----------------------------------------------------------------------------
 
@@ -166,8 +184,20 @@ class InFlight:
             with self._cond:
                 retired = set(map(id, done))
                 self._pending = [e for e in self._pending if id(e) not in retired]
+                self._completing += len(done)
                 self._cond.notify_all()
-            for entry in done:
-                if entry.work is not None:
-                    entry.work.set_result(entry.result)
+            for entry in done:  # completed off this thread: see the module docstring
+                self._done.put(entry)
         return None
+
+    def _complete(self) -> None:
+        """The completion thread: complete each finished operation's Work, in firing order."""
+        while (entry := self._done.get()) is not None:
+            try:
+                if entry.work is not None:
+                    entry.work.set_result(entry.result)  # its callbacks run here
+            finally:
+                entry.keep = ()
+                with self._cond:
+                    self._completing -= 1
+                    self._cond.notify_all()

@@ -1,9 +1,10 @@
 """What the nccl backend needs before a communicator exists: CuPy, a device, a unique id.
 
 * :func:`unavailable_reason` says why NCCL cannot be used here, importing CuPy only when asked.
-* :func:`choose_device` picks this rank's GPU: the ``device`` group option, else the local rank
-  (LOCAL_RANK as colls-run and torchrun set, else srun's or mpiexec's), else CuPy's current
-  device.
+* :func:`choose_device` picks this rank's GPU: the ``device`` group option, else the only
+  visible device (``srun --gpus-per-task`` and similar launchers narrow CUDA_VISIBLE_DEVICES to
+  one GPU per task), else the local rank (LOCAL_RANK as colls-run and torchrun set, else srun's
+  or mpiexec's), else CuPy's current device.
 * :func:`exchange_unique_id`: rank 0 makes the NCCL unique id and publishes it through the
   group's store (prefixed per group, so every group gets a fresh id); the others read it. Making
   an id needs libnccl but no GPU and no driver.
@@ -92,9 +93,11 @@ def choose_device(
 
     Args:
         extra: the group's options; ``extra["device"]`` (an int) wins when given.
-        environ: the environment; the local rank picks the device when set (LOCAL_RANK, else
-            srun's or mpiexec's: :func:`colls.launch_env.local_rank_variable`).
-        device_count: the number of visible CUDA devices.
+        environ: the environment; the local rank picks the device when set and more than one
+            device is visible (LOCAL_RANK, else srun's or mpiexec's:
+            :func:`colls.launch_env.local_rank_variable`).
+        device_count: the number of visible CUDA devices; with exactly one, it is used whatever
+            the local rank (each task of the node sees its own GPU as device 0).
         current: CuPy's current device, used when neither is set.
 
     Raises:
@@ -102,6 +105,8 @@ def choose_device(
     """
     if "device" in extra:
         device, source = extra["device"], "pg_options device"
+    elif device_count == 1:
+        return 0
     elif (local := launch_env.local_rank_variable(environ)) is not None:
         name, text = local
         try:

@@ -148,6 +148,16 @@ def test_device_option_wins_then_local_rank_then_current():
     assert runtime.choose_device({}, {"LOCAL_RANK": ""}, 4, 2) == 2
 
 
+def test_one_visible_device_is_used_whatever_the_local_rank():
+    # srun --gpus-per-task=1: each task sees its own GPU as device 0, whatever its local rank.
+    for variable in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        assert runtime.choose_device({}, {variable: "3"}, 1, 0) == 0, variable
+    # An explicit device is still checked: it is a mistake, not a launcher's narrowing.
+    with pytest.raises(ValueError, match=r"nccl: pg_options device selects CUDA device 1, but 1 "
+                                         r"device\(s\) are visible \(0\.\.0\)"):
+        runtime.choose_device({"device": 1}, {"LOCAL_RANK": "1"}, 1, 0)
+
+
 def test_a_device_that_does_not_exist_is_refused():
     with pytest.raises(ValueError, match=r"nccl: LOCAL_RANK=2 selects CUDA device 2, but 2 "
                                          r"device\(s\) are visible \(0\.\.1\)"):
