@@ -144,7 +144,7 @@ class CallRecord:
         shape = self.shape
         fields = {
             "op": self.op,
-            "seq": str(seq),
+            "seq": str(shown_number(seq)),
             "dtype": self.dtype or "-",
             "shape": "-" if shape is None else str(tuple(shape)),
             "root": "-" if self.root is None else str(self.root),
@@ -183,6 +183,24 @@ def sequence_after(a: int, b: int) -> bool:
     return 0 < ahead < 1 << (SEQUENCE_BITS - 1)
 
 
+def shown_number(seq: int) -> int:
+    """Return how messages number collective ``seq``: the same way with and without
+    ``COLLS_DEBUG=detail``.
+
+    Under detail each collective takes two sequence numbers (its fingerprint exchange, then the
+    collective), so collective ``k`` of a group carries ``2k + 1``; messages show ``k`` in both
+    modes, counting the group's collectives from 0.
+    """
+    from colls import env  # read when a message is written, as the groups read it
+
+    return seq // 2 if env.get("COLLS_DEBUG") == "detail" else seq
+
+
+def describe_tag(tag: int) -> str:
+    """Return ``"all_reduce #5"``: the op and the (shown) number of a collective's tag."""
+    return f"{_tag_op(tag)} #{shown_number(tag_sequence(tag))}"
+
+
 def _tag_op(tag: int) -> str:
     code = ((-1 - tag) >> _HASH_BITS) & _OP_MASK
     if 1 <= code <= len(KNOWN_OPS):
@@ -200,7 +218,9 @@ def describe_tag_conflict(
     """
     seq, other_seq = tag_sequence(expected), tag_sequence(arrived)
     mine, theirs = _tag_op(expected), _tag_op(arrived)
-    if sequence_after(other_seq, seq):
+    later = sequence_after(other_seq, seq)
+    seq, other_seq = shown_number(seq), shown_number(other_seq)
+    if later:
         return (
             f"mismatched collectives: rank {peer} moved on to collective #{other_seq} "
             f"({theirs}) without sending what {holder} expects in collective #{seq} "
@@ -287,7 +307,7 @@ def check_across_ranks(pg: ProcessGroup, record: CallRecord, seq: int, tag: int)
     problem = explain(texts, pg.global_rank)
     if problem is not None:
         raise CollectiveMismatchError(
-            f"COLLS_DEBUG=detail: collective #{seq} on group {pg.name!r} does not match across "
+            f"COLLS_DEBUG=detail: collective #{shown_number(seq)} on group {pg.name!r} does not match across "
             f"ranks: {problem}"
         )
 
@@ -300,8 +320,10 @@ __all__ = [
     "CollectiveMismatchError",
     "check_across_ranks",
     "collective_tag",
+    "describe_tag",
     "describe_tag_conflict",
     "explain",
     "sequence_after",
+    "shown_number",
     "tag_sequence",
 ]

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from colls import env
 from colls.errors import BackendError, NetworkError, StoreError, StoreTimeoutError
-from colls.fingerprint import CollectiveMismatchError
+from colls.fingerprint import CollectiveMismatchError, shown_number
 from colls.store.base import INTERNAL_KEY_PREFIX, innermost
 from colls.store.file import FileStore
 from colls.store.hash import HashStore
@@ -318,8 +318,10 @@ def _detach(health: GroupHealth, watcher: _Watcher) -> None:
 
 
 def label(op: str, seq: int) -> str:
-    """Return how errors name collective number ``seq`` of a group: ``all_reduce #5``."""
-    return f"{op} #{seq}"
+    """Return how errors name collective number ``seq`` of a group: ``all_reduce #5``
+    (numbered one way with and without COLLS_DEBUG=detail: :func:`colls.fingerprint.shown_number`).
+    """
+    return f"{op} #{shown_number(seq)}"
 
 
 class GroupHealth:

@@ -34,8 +34,10 @@ import numpy as np
 
 from colls.backend import Backend, every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
+from colls.fingerprint import SIGNATURE_BITS, CollectiveMismatchError, describe_tag
 from colls.work import Work
 from colls_plugins.mpi import runtime
+from colls_plugins.mpi.agreement import Agreement
 from colls_plugins.mpi.communicators import check_ranks, communicator
 from colls_plugins.mpi.datatypes import ReductionTable
 from colls_plugins.mpi.progress import (
@@ -125,6 +127,14 @@ class MpiBackend(Backend):
         self._spin_tests = YIELD_AFTER_TESTS if _oversubscribed(MPI, self._comm) else SPIN_TESTS
         self.cuda_aware = runtime.cuda_aware()
         self._progress = Progress(options.group_name, MPI.Status)
+        ranks = tuple(options.global_ranks)
+        self._agreement = Agreement(MPI, self._comm, self._internal, ranks.__getitem__,
+                                    self._where)
+        #: The shared board of tags (None across hosts), this rank's slot and, in a group of
+        #: two, the peer's: read inline by _collective.
+        self._board = self._agreement.board
+        self._my_slot = self._agreement.my_slot
+        self._peer_slot = self._agreement.pair_slot
         #: Whether a collective is between its check of ``_closed`` and its end; close() waits
         #: for it to clear. A flag, not a lock: collectives run one at a time (the backend
         #: contract), and under the GIL a collective that sets it before reading ``_closed``
@@ -243,13 +253,13 @@ class MpiBackend(Backend):
     def all_reduce(self, array: Any, op: ReduceSpec, tag: int) -> None:
         """``MPI_Iallreduce`` in place."""
         datatype, mpi_op = self._reductions.lookup(op)
-        self._collective("all_reduce", self._comm.Iallreduce,
+        self._collective("all_reduce", tag, self._comm.Iallreduce,
                          self._IN_PLACE, [array, datatype], mpi_op)
 
     @host_staged()
     def broadcast(self, array: Any, root: int, tag: int) -> None:
         """``MPI_Ibcast`` of ``array``'s bytes from ``root``."""
-        self._collective("broadcast", self._comm.Ibcast, [array, self._BYTE], root)
+        self._collective("broadcast", tag, self._comm.Ibcast, [array, self._BYTE], root)
 
     @host_staged(reduces=True)
     def reduce(self, array: Any, root: int, op: ReduceSpec, tag: int) -> None:
@@ -259,31 +269,31 @@ class MpiBackend(Backend):
             send, recv = self._IN_PLACE, [array, datatype]
         else:
             send, recv = [array, datatype], None
-        self._collective("reduce", self._comm.Ireduce, send, recv, mpi_op, root)
+        self._collective("reduce", tag, self._comm.Ireduce, send, recv, mpi_op, root)
 
     @host_staged(arrays=(0, 1))
     def all_gather(self, output: Any, input: Any, tag: int) -> None:
         """``MPI_Iallgather`` of equal byte blocks."""
-        self._collective("all_gather", self._comm.Iallgather,
+        self._collective("all_gather", tag, self._comm.Iallgather,
                          [input, self._BYTE], [output, self._BYTE])
 
     @host_staged(arrays=(0, 1))
     def gather(self, output: Any | None, input: Any, root: int, tag: int) -> None:
         """``MPI_Igather`` to ``root`` (``output`` is None elsewhere)."""
         recv = None if output is None else [output, self._BYTE]
-        self._collective("gather", self._comm.Igather, [input, self._BYTE], recv, root)
+        self._collective("gather", tag, self._comm.Igather, [input, self._BYTE], recv, root)
 
     @host_staged(arrays=(0, 1))
     def scatter(self, output: Any, input: Any | None, root: int, tag: int) -> None:
         """``MPI_Iscatter`` from ``root`` (``input`` is None elsewhere)."""
         send = None if input is None else [input, self._BYTE]
-        self._collective("scatter", self._comm.Iscatter, send, [output, self._BYTE], root)
+        self._collective("scatter", tag, self._comm.Iscatter, send, [output, self._BYTE], root)
 
     @host_staged(arrays=(0, 1), reduces=True)
     def reduce_scatter(self, output: Any, input: Any, op: ReduceSpec, tag: int) -> None:
         """``MPI_Ireduce_scatter_block``: rank r gets the reduction of block r."""
         datatype, mpi_op = self._reductions.lookup(op)
-        self._collective("reduce_scatter", self._comm.Ireduce_scatter_block,
+        self._collective("reduce_scatter", tag, self._comm.Ireduce_scatter_block,
                          [input, datatype], [output, datatype], mpi_op)
 
     @host_staged(arrays=(0, 1))
@@ -292,34 +302,107 @@ class MpiBackend(Backend):
         """``MPI_Ialltoallv`` with the splits (elements) turned into byte counts and offsets."""
         send = [input, _counts_and_displacements(input_splits, input.itemsize), self._BYTE]
         recv = [output, _counts_and_displacements(output_splits, output.itemsize), self._BYTE]
-        self._collective("all_to_all", self._comm.Ialltoallv, send, recv)
+        self._collective("all_to_all", tag, self._comm.Ialltoallv, send, recv)
 
     def barrier(self, tag: int) -> None:
         """``MPI_Ibarrier``."""
-        self._collective("barrier", self._comm.Ibarrier)
+        self._collective("barrier", tag, self._comm.Ibarrier)
 
-    def _collective(self, what: str, start: Callable[..., Any], *args: Any) -> None:
-        """Start one nonblocking collective and test it until done, aborted or timed out."""
+    def _collective(self, what: str, tag: int, start: Callable[..., Any], *args: Any) -> None:
+        """Run one nonblocking MPI collective, tested until done, aborted or timed out, while
+        checking that every rank calls the same collective (:mod:`.agreement`).
+
+        The common case (one host, the collective done within the first tests, the peer's tag
+        on the board) runs inline here: each method call costs a 2-rank 8-byte all_reduce a
+        few percent.
+        """
         self._in_collective = True
+        board = self._board
         try:
             if self._broken is not None or self._closed:
                 self._check_usable(what)
+            if board is None:  # a group across hosts: compare tags first, then the call
+                self._agreement.check_across_hosts(tag, what, self._run)
+                self._run(what, start, *args)
+                return
+            parity = ((-1 - tag) >> SIGNATURE_BITS) & 1
+            board[self._my_slot + parity] = tag  # published before the call starts
+            try:
+                request = start(*args)
+                test = request.Test
+                if not test():
+                    for _ in range(self._spin_tests):  # back to back: each test advances MPI
+                        if test():
+                            break
+                    else:
+                        self._settle(what, tag, request, args, False)
+                        return
+            except self._MPI.Exception as exc:
+                self._agreement.agreed(tag)  # a mismatch explains a failing call better
+                raise self._failure(what, exc) from exc
+            peer = self._peer_slot
+            if peer is None or board[peer + parity] != tag:
+                self._settle(what, tag, request, args, True)
+        except CollectiveMismatchError:
+            if board is not None and self._broken is None:  # MPI cannot cancel the call
+                self._broken = (
+                    f"collective {describe_tag(tag)} did not match across ranks and MPI "
+                    "cannot cancel a collective; destroy the group"
+                )
+            raise
+        finally:
+            self._in_collective = False
+
+    def _settle(self, what: str, tag: int, request: Any, args: tuple[Any, ...],
+                done: bool) -> None:
+        """Wait until ``request`` is done and every peer published ``tag`` (the slow path).
+
+        Raises:
+            CollectiveMismatchError: a peer published another collective's tag; the request
+                and its buffers are abandoned (MPI cannot cancel a collective).
+            CollsTimeoutError: the call or a peer did not arrive within the group's timeout.
+        """
+        agreed = self._agreement.agreed
+        test = request.Test
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                done = done or test()
+                if agreed(tag) and done:
+                    return
+                os.sched_yield()  # lets a descheduled peer run on a crowded host
+                if self._broken is not None or time.monotonic() > deadline:
+                    if not done:
+                        self._give_up(what, request, args)
+                    if self._broken is not None:
+                        raise BackendError(f"mpi {what} on {self._where} was aborted: "
+                                           f"{self._broken}")
+                    self._broken = f"an earlier {what} was not reached by every rank"
+                    raise self._agreement.late(tag, what, self.timeout)
+        except CollectiveMismatchError:
+            _abandoned.append((request, args))  # MPI may still write into them
+            raise
+        except self._MPI.Exception as exc:
+            agreed(tag)
+            raise self._failure(what, exc) from exc
+
+    def _run(self, what: str, start: Callable[..., Any], *args: Any) -> None:
+        """Start one nonblocking collective and test it until done, aborted or timed out."""
+        try:
             request = start(*args)
             test = request.Test
-            if test():  # a small collective of ranks that arrived together: done at once
+            if test():
                 return
-            for _ in range(self._spin_tests):  # back to back first: each test advances MPI
+            for _ in range(self._spin_tests):
                 if test():
                     return
             deadline = time.monotonic() + self.timeout
             while not test():
-                os.sched_yield()  # lets a descheduled peer run on a crowded host
+                os.sched_yield()
                 if self._broken is not None or time.monotonic() > deadline:
                     self._give_up(what, request, args)
         except self._MPI.Exception as exc:
             raise self._failure(what, exc) from exc
-        finally:
-            self._in_collective = False
 
     def _give_up(self, what: str, request: Any, buffers: tuple[Any, ...]) -> None:
         """Abandon a collective that cannot finish (MPI cannot cancel one) and raise why."""
@@ -378,6 +461,7 @@ class MpiBackend(Backend):
             if time.monotonic() > deadline:
                 return
             time.sleep(CLOSE_POLL_S)
+        self._agreement.close()
         for comm in (self._internal, self._comm):
             comm.Free()
 
