@@ -9,12 +9,15 @@ layer plus one local kernel, which is exactly where colls can add overhead. ``#w
 elements of colls' result that differ from the expected value.
 
 colls-bench has no device option (its buffers are host memory), so this script prints the same
-columns for CUDA arrays. Usage: ``python benchmarks/gpu_bench.py [--iters N]``.
+columns for CUDA arrays. Usage: ``python benchmarks/gpu_bench.py [--iters N] [--max-bytes B]
+[--json PATH]``; ``--json`` also writes the rows (and why a peer was not measured) to PATH.
+Not yet run on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -97,7 +100,15 @@ def main() -> None:
     """Print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--max-bytes", type=int, default=SIZES[-1],
+                        help="largest size measured (gpu_check.sh caps it to save time)")
+    parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
+    sizes = [size for size in SIZES if size <= args.max_bytes]
+    report: dict[str, object] = {"benchmark": "gpu_bench", "op": "all_reduce SUM float32",
+                                 "world_size": 1, "iters": args.iters}
+    rows: list[dict[str, float]] = []
+    report["rows"] = rows
 
     import colls
     from colls.store import HashStore
@@ -108,17 +119,23 @@ def main() -> None:
     for name, why in (("cupyx.distributed", cupyx_missing), ("torch nccl", torch_missing)):
         if why is not None:
             print(f"# {name} not measured: {why}")
+            report[f"{name} not measured"] = why
     print(f"# all_reduce SUM float32 in place, world size 1, {args.iters} iterations, "
           "time = wall us per call incl. launch")
     print(f"{'size(B)':>12} {'colls us':>10} {'cupyx us':>10} {'torch us':>10} "
           f"{'colls/cupyx':>12} {'colls/torch':>12} {'#wrong':>7}")
     try:
-        for size in SIZES:
+        for size in sizes:
             ours, wrong = _colls(size, args.iters)
             theirs = _cupyx(comm, size, args.iters) if comm is not None else float("nan")
             torchs = _torch(size, args.iters) if torch_missing is None else float("nan")
             print(f"{size:>12} {ours:>10.1f} {theirs:>10.1f} {torchs:>10.1f} "
-                  f"{ours / theirs:>12.2f} {ours / torchs:>12.2f} {wrong:>7}")
+                  f"{ours / theirs:>12.2f} {ours / torchs:>12.2f} {wrong:>7}", flush=True)
+            rows.append({"bytes": size, "colls_us": ours, "cupyx_us": theirs,
+                                   "torch_us": torchs, "wrong": wrong})
+            if args.json:  # after every row: a run cut off keeps what it measured
+                with open(args.json, "w") as out:
+                    json.dump(report, out, indent=1)
     finally:  # cupyx's store server is a non-daemon process: left running, exit would hang
         if comm is not None:
             comm.stop()

@@ -1,44 +1,180 @@
 #!/usr/bin/env bash
-# The GPU check of issue 13, in one run of under 8 minutes, fetching nothing.
+# The GPU check (issues 13 and 31): every answer from one run of at most 4 minutes on a bare GPU
+# machine without network. Only the tail of what it prints comes back from such a machine, so
+# everything is also written under $OUT as each step ends: a run cut off still tells all it
+# reached. Not yet run on a GPU.
 #
-# 1. installs colls from this tree (pip install --no-deps --no-build-isolation -e .; where the
-#    image has no setuptools, the tree goes on PYTHONPATH with its entry points declared by a
-#    generated dist-info, which is what plugin discovery reads);
-# 2. runs tests/gpu (nccl at world size 1: every collective against NumPy, stream ordering, torch
-#    and JAX arrays, the device checks, two ranks on one GPU; tcp with CUDA arrays at 2 and 4
-#    ranks) and tests/nccl (the CPU-side tests, now with CuPy and a device present);
-# 3. prints benchmarks/gpu_bench.py's table: colls' nccl against cupyx.distributed and torch's
-#    NCCL process group, all_reduce at world size 1;
-# 4. prints benchmarks/gpu_tcp_bench.py's table: tcp with CuPy arrays at 2 ranks (staged through
-#    pinned memory) against the host transport and the copy bandwidth measured in the same run.
+# Usage: OUT=/some/dir bash benchmarks/gpu_check.sh      (OUT unset: a new temporary directory)
 #
-# Needs: python with numpy, pluggy, cupy (+ the NCCL wheel), pytest; torch and jax are optional.
-# Without pytest in the image it installs it from $COLLS_GPU_WHEELS (a folder of wheels: pytest,
-# pytest-timeout, iniconfig, packaging) when given, with --no-index.
+# Steps, in order of value, with their budgets in seconds (240 in all; time a step does not use
+# passes to the later ones, and no step starts past the 240):
+#   preflight   20  nvidia-smi, then benchmarks/gpu_preflight.py: driver, CUDA runtime, CuPy,
+#                   NCCL, the devices, torch, jax. Exits the script at once, status 1, naming
+#                   the reason, when colls_plugins.nccl.runtime.unavailable_reason() is not None.
+#   install     15  colls from this tree: pip install --no-deps --no-build-isolation --no-index
+#                   -e . (without setuptools: the tree on PYTHONPATH and a generated dist-info
+#                   declaring its entry points); pytest and pytest-timeout, if missing, from the
+#                   wheels in $COLLS_GPU_WHEELS (default .gpu-wheels, carried with the tree).
+#   nccl        50  tests/gpu/test_nccl_gpu.py: nccl at world size 1.
+#   tcp         55  tests/gpu/test_tcp_cuda.py: CUDA arrays through tcp at 2 and 4 processes.
+#   torch       30  tests/gpu/test_torch_cuda.py: colls_torch on CUDA (streams, device maps).
+#   jax         35  tests/gpu/test_jax_cuda.py: colls_jax on GPU arrays, eager, jit and grad.
+#   bench-nccl  15  benchmarks/gpu_bench.py, sizes up to 16 MiB, 20 iterations.
+#   bench-tcp   20  benchmarks/gpu_tcp_bench.py, 2 ranks, sizes up to 16 MiB, 3 iterations.
+# tests/nccl is not run here: it runs on the CPU, in CI.
+#
+# Timeouts, innermost first, so that a hang is reported with its stack and the step's summary:
+# a spawned job's own timeout < a test's (pytest-timeout; tests/gpu/gpu_limits.py shortens it to
+# end by the step's deadline) < the step's outer `timeout`. A skip in tests/gpu fails its step.
+#
+# Files under $OUT (a GPU machine returns at most 8): gpu_check.log (all of the output),
+# steps.txt (one line per step as it ends), junit-{nccl,tcp,torch,jax}.xml,
+# bench-nccl.json, bench-tcp.json.
+#
+# Exit status: 0 when every step passed; 1 otherwise (at once when the preflight fails).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TOTAL=240
+if [ -z "${OUT:-}" ]; then
+    OUT=$(mktemp -d)
+    echo "OUT is not set: writing to $OUT"
+fi
+mkdir -p "$OUT"
+LOG="$OUT/gpu_check.log"
+STEPS="$OUT/steps.txt"
+: > "$STEPS"
+exec > >(tee -a "$LOG") 2>&1
+TEE=$!
+trap 'exec 1>&- 2>&-; wait "$TEE" 2>/dev/null' EXIT
+
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}  # a first NCCL failure explains itself
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the ranks of a test share the one GPU
+export PYTHONUNBUFFERED=1
 status=0
 
-echo "== machine"
-command -v nvidia-smi >/dev/null && nvidia-smi -L
-"$PY" - <<'PYEOF'
-import importlib, sys
-print("python", sys.version.split()[0])
-for name in ("numpy", "pluggy", "cupy", "torch", "jax", "pytest"):
-    try:
-        print(name, importlib.import_module(name).__version__)
-    except Exception as exc:
-        print(name, "missing:", type(exc).__name__, exc)
-try:
-    from cupy.cuda import nccl
-    print("nccl", nccl.get_version())
-except Exception as exc:
-    print("nccl missing:", exc)
-PYEOF
+# Budgets of the steps, in order; a step may use what earlier steps left unused.
+STEP_NAMES=(preflight install nccl tcp torch jax bench-nccl bench-tcp)
+STEP_BUDGETS=(20 15 50 55 30 35 15 20)
 
-echo "== install colls from the tree"
-if ! "$PY" -m pip install -q --no-deps --no-build-isolation -e . ; then
+# limit_of NAME: seconds NAME may take: its budget plus what earlier steps saved, within what is
+# left of TOTAL once the later steps' budgets are set aside (never more than is left).
+limit_of() {
+    local i later=0 budget=0 found=0
+    for i in "${!STEP_NAMES[@]}"; do
+        if [ "$found" = 1 ]; then later=$((later + STEP_BUDGETS[i])); fi
+        if [ "${STEP_NAMES[i]}" = "$1" ]; then budget=${STEP_BUDGETS[i]}; found=1; fi
+    done
+    local left=$((TOTAL - SECONDS)) limit
+    limit=$((left - later))
+    if [ "$limit" -lt "$budget" ]; then limit=$budget; fi
+    if [ "$limit" -gt "$left" ]; then limit=$left; fi
+    echo "$limit"
+}
+
+# record NAME RESULT SECONDS [DETAIL]: one line in steps.txt, at once, and in the log.
+record() {
+    printf '%-10s %-7s %4ss  %s\n' "$1" "$2" "$3" "${4:-}" >> "$STEPS"
+    echo "== $1: $2 in $3 s${4:+: $4}"
+    if [ "$2" != "ok" ]; then status=1; fi
+}
+
+# junit_verdict FILE: print the counts; fail on a failure, an error, a skip, or no test at all.
+junit_verdict() {
+    "$PY" - "$1" <<'PYEOF'
+import sys
+import xml.etree.ElementTree as ET
+
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+print(f"{n['tests']} tests, {n['failures']} failed, {n['errors']} errors, "
+      f"{n['skipped']} skipped (a skip counts as a failure)")
+sys.exit(1 if n["failures"] or n["errors"] or n["skipped"] or not n["tests"] else 0)
+PYEOF
+}
+
+# pytest_step NAME PER_TEST_SECONDS FILE...: run the files' tests within the step's limit.
+pytest_step() {
+    local name=$1 per_test=$2 limit started rc junit="$OUT/junit-$1.xml" verdict
+    shift 2
+    limit=$(limit_of "$name")
+    started=$SECONDS
+    echo "== $name: $* (limit ${limit} s, ${per_test} s a test)"
+    if [ "$limit" -lt 10 ]; then
+        record "$name" SKIPPED 0 "no time left of the ${TOTAL} s"
+        return
+    fi
+    if ! "$PY" -c "import pytest, pytest_timeout" 2>/dev/null; then
+        record "$name" FAILED 0 "pytest or pytest-timeout is missing (see the install step)"
+        return
+    fi
+    rm -f "$junit"  # a report left by an earlier run must not stand for this one
+    # The tests end 8 s before the outer limit: pytest's teardown and junit need the rest.
+    GPU_CHECK_DEADLINE=$(($(date +%s) + limit - 8)) GPU_CHECK_TEST_TIMEOUT=$per_test \
+        timeout -k 5 "$limit" "$PY" -m pytest -q -p no:cacheprovider --timeout="$per_test" \
+        -o junit_family=xunit2 --junitxml="$junit" "$@"
+    rc=$?
+    if [ ! -s "$junit" ]; then
+        record "$name" FAILED $((SECONDS - started)) \
+            "pytest exit $rc and no junit (killed at the ${limit} s limit?)"
+    elif verdict=$(junit_verdict "$junit") && [ "$rc" -eq 0 ]; then
+        record "$name" ok $((SECONDS - started)) "$verdict"
+    else
+        record "$name" FAILED $((SECONDS - started)) "pytest exit $rc; $verdict"
+    fi
+}
+
+# command_step NAME COMMAND...: run COMMAND within the step's limit.
+command_step() {
+    local name=$1 limit started rc
+    shift
+    limit=$(limit_of "$name")
+    started=$SECONDS
+    echo "== $name: $* (limit ${limit} s)"
+    if [ "$limit" -lt 5 ]; then
+        record "$name" SKIPPED 0 "no time left of the ${TOTAL} s"
+        return
+    fi
+    timeout -k 5 "$limit" "$@"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        record "$name" ok $((SECONDS - started))
+    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        record "$name" FAILED $((SECONDS - started)) "exit $rc: killed at the ${limit} s limit"
+    else
+        record "$name" FAILED $((SECONDS - started)) "exit $rc"
+    fi
+}
+
+echo "== gpu_check.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)," \
+    "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), writing to $OUT"
+
+# -- preflight ---------------------------------------------------------------------------------
+started=$SECONDS
+if command -v nvidia-smi >/dev/null; then
+    timeout 15 nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used \
+        --format=csv,noheader
+else
+    echo "nvidia-smi: not found"
+fi
+PYTHONPATH="$PWD:$PWD/adapters${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout -k 5 "$(limit_of preflight)" "$PY" benchmarks/gpu_preflight.py
+rc=$?
+if [ "$rc" -ne 0 ]; then
+    record preflight FAILED $((SECONDS - started)) \
+        "exit $rc: NCCL cannot run here (the reason is above); nothing else is run"
+    echo "== gpu_check.sh exit status 1"
+    exit 1
+fi
+record preflight ok $((SECONDS - started))
+
+# -- install -----------------------------------------------------------------------------------
+started=$SECONDS
+limit=$(limit_of install)
+echo "== install: colls from this tree (limit ${limit} s)"
+if ! timeout -k 5 "$limit" "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
+then  # no setuptools in the image: the tree on PYTHONPATH, its entry points in a dist-info
     meta=$(mktemp -d)/colls-0.1.0.dist-info
     mkdir -p "$meta"
     printf 'Metadata-Version: 2.1\nName: colls\nVersion: 0.1.0\n' > "$meta/METADATA"
@@ -52,27 +188,30 @@ PYEOF
     export PYTHONPATH="$PWD:$PWD/adapters:$(dirname "$meta")${PYTHONPATH:+:$PYTHONPATH}"
     echo "pip could not install the tree; using PYTHONPATH=$PYTHONPATH"
 fi
-"$PY" -c "import colls; print('colls', colls.__file__); print(colls.available_backends())"
-
-if ! "$PY" -c "import pytest" 2>/dev/null; then
-    if [ -n "${COLLS_GPU_WHEELS:-}" ]; then
-        "$PY" -m pip install -q --no-index --find-links "$COLLS_GPU_WHEELS" pytest pytest-timeout
-    else
-        echo "pytest is missing and COLLS_GPU_WHEELS is not set: the tests cannot run"
-        status=1
-    fi
+if ! "$PY" -c "import pytest, pytest_timeout" 2>/dev/null; then
+    wheels=${COLLS_GPU_WHEELS:-.gpu-wheels}
+    timeout -k 5 "$limit" "$PY" -m pip install -q --no-index --find-links "$wheels" \
+        pytest pytest-timeout || echo "pytest/pytest-timeout could not be installed from $wheels"
+fi
+if "$PY" -c "import colls; print('colls', colls.__file__, colls.available_backends())" \
+        && "$PY" -c "import pytest, pytest_timeout; print('pytest', pytest.__version__)"; then
+    record install ok $((SECONDS - started))
+else
+    record install FAILED $((SECONDS - started)) \
+        "colls, pytest or pytest-timeout cannot be imported"
 fi
 
-echo "== tests/gpu and tests/nccl"
-if "$PY" -c "import pytest" 2>/dev/null; then
-    timeout 270 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/nccl || status=1
-fi
+# -- the tests, then the benchmarks --------------------------------------------------------------
+pytest_step nccl 30 tests/gpu/test_nccl_gpu.py
+pytest_step tcp 40 tests/gpu/test_tcp_cuda.py
+pytest_step torch 20 tests/gpu/test_torch_cuda.py
+pytest_step jax 40 tests/gpu/test_jax_cuda.py
+command_step bench-nccl "$PY" benchmarks/gpu_bench.py --iters 20 --max-bytes $((16 << 20)) \
+    --json "$OUT/bench-nccl.json"
+command_step bench-tcp "$PY" benchmarks/gpu_tcp_bench.py --iters 3 --max-bytes $((16 << 20)) \
+    --json "$OUT/bench-tcp.json"
 
-echo "== benchmark: nccl at world size 1 vs cupyx.distributed and torch"
-timeout 90 "$PY" benchmarks/gpu_bench.py --iters 50 || status=1
-
-echo "== benchmark: tcp with CuPy arrays at 2 ranks vs the host transport and the copies"
-timeout 100 "$PY" benchmarks/gpu_tcp_bench.py --iters 5 || status=1
-
-echo "== gpu_check.sh exit status $status"
+echo "== steps (also in $STEPS)"
+cat "$STEPS"
+echo "== gpu_check.sh exit status $status after $SECONDS s"
 exit $status

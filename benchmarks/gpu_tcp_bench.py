@@ -12,12 +12,15 @@ size, this prints the staged all_reduce's time beside what bounds it, all measur
 
 Usage (launches itself through colls-run)::
 
-    python benchmarks/gpu_tcp_bench.py [--iters 10]
+    python benchmarks/gpu_tcp_bench.py [--iters 10] [--max-bytes B] [--json PATH]
+
+``--json`` also writes the rows to PATH (rank 0, after every row). Not yet run on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -56,7 +59,7 @@ def _copy_seconds(nbytes: int, iters: int) -> float:
     return _median_seconds(both, iters)
 
 
-def worker(iters: int) -> None:
+def worker(iters: int, max_bytes: int, json_path: str | None) -> None:
     """One rank: measure and (rank 0) print the table."""
     import cupy
 
@@ -64,12 +67,17 @@ def worker(iters: int) -> None:
 
     colls.init_process_group("tcp")
     rank = colls.get_rank()
+    segment = int(os.environ.get("COLLS_SEGMENT_BYTES", str(1 << 20)))
+    report: dict[str, object] = {"benchmark": "gpu_tcp_bench", "world_size": 2, "iters": iters,
+                                 "segment_bytes": segment}
+    rows: list[dict[str, float]] = []
+    report["rows"] = rows
     if rank == 0:
         print(f"# 2 ranks on one GPU, all_reduce SUM float32 in place, median of {iters}, "
               f"segments of {os.environ.get('COLLS_SEGMENT_BYTES', str(1 << 20))} B")
         print(f"{'size(B)':>11} {'staged ms':>10} {'host ms':>9} {'copies ms':>10} "
               f"{'serial ms':>10} {'ideal ms':>9} {'staged/ideal':>13} {'#wrong':>7}")
-    for size in SIZES:
+    for size in [size for size in SIZES if size <= max_bytes]:
         count = size // 4
         x = cupy.ones(count, dtype=cupy.float32)
         staged = _median_seconds(lambda x=x: (colls.all_reduce(x), colls.barrier()), iters)
@@ -84,7 +92,13 @@ def worker(iters: int) -> None:
             serial, ideal = host + copies, max(host, copies)
             print(f"{size:>11} {staged * 1e3:>10.2f} {host * 1e3:>9.2f} {copies * 1e3:>10.2f} "
                   f"{serial * 1e3:>10.2f} {ideal * 1e3:>9.2f} {staged / ideal:>13.2f} "
-                  f"{wrong:>7}")
+                  f"{wrong:>7}", flush=True)
+            rows.append({"bytes": size, "staged_ms": staged * 1e3,
+                                   "host_ms": host * 1e3, "copies_ms": copies * 1e3,
+                                   "wrong": wrong})
+            if json_path:  # after every row: a run cut off keeps what it measured
+                with open(json_path, "w") as out:
+                    json.dump(report, out, indent=1)
     colls.destroy_process_group()
 
 
@@ -92,13 +106,19 @@ def main() -> None:
     """Parse arguments; launch the two ranks through colls-run, or be one of them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--max-bytes", type=int, default=SIZES[-1],
+                        help="largest size measured (gpu_check.sh caps it to save time)")
+    parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.iters)
+        worker(args.iters, args.max_bytes, args.json)
         return
     command = [sys.executable, "-m", "colls.run", "--nproc-per-node", "2",
-               os.path.abspath(__file__), "--worker", "--iters", str(args.iters)]
+               os.path.abspath(__file__), "--worker", "--iters", str(args.iters),
+               "--max-bytes", str(args.max_bytes)]
+    if args.json:
+        command += ["--json", os.path.abspath(args.json)]
     sys.exit(subprocess.call(command))
 
 

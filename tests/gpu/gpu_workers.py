@@ -170,3 +170,42 @@ def tcp_torch_and_jax_arrays(rank: int, world_size: int) -> None:
     else:
         raise AssertionError("all_reduce wrote into a JAX array in place")
     np.testing.assert_array_equal(np.asarray(x), np.arange(6, dtype=np.float32) + rank)
+
+
+# -- colls_jax with arrays on the GPU (its collectives run on the host: tcp) -----------------------
+
+
+def colls_jax_on_gpu_arrays(rank: int, world_size: int) -> None:
+    """colls_jax eagerly, under jax.jit and under jax.grad, on arrays that live on the GPU."""
+    import jax
+    import jax.numpy as jnp
+
+    import colls_jax
+
+    gpu = [d for d in jax.devices() if d.platform == "gpu"][0]
+    assert jax.devices()[0] == gpu, jax.devices()  # results land on the default device
+    mine = np.arange(6, dtype=np.float32) + rank
+    everyone = [np.arange(6, dtype=np.float32) + r for r in range(world_size)]
+    x = jax.device_put(mine, gpu)
+
+    total = colls_jax.all_reduce(x)
+    gathered = colls_jax.all_gather(x)
+    assert total.devices() == {gpu} and gathered.devices() == {gpu}
+    np.testing.assert_array_equal(np.asarray(total), sum(everyone))
+    np.testing.assert_array_equal(np.asarray(gathered), np.stack(everyone))
+
+    @jax.jit
+    def step(v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        averaged = colls_jax.all_reduce(v * 2.0, colls_jax.ReduceOp.AVG)
+        return averaged + 1.0, colls_jax.all_gather(v, tiled=True)
+
+    for _ in range(2):  # the second call runs the compiled program, callbacks in order
+        averaged, tiled = step(x)
+        np.testing.assert_allclose(np.asarray(averaged), 2.0 * sum(everyone) / world_size + 1.0)
+        np.testing.assert_array_equal(np.asarray(tiled), np.concatenate(everyone))
+        assert averaged.devices() == {gpu}
+
+    grad = jax.grad(lambda v: jnp.sum(colls_jax.all_reduce(v) * v))(x)
+    # d/dv_r sum_i (sum_s v_s)_i v_r,i = (sum_s v_s) + sum_s v_s (each rank's cotangent,
+    # all-reduced: the VJP of all_reduce SUM is an all_reduce SUM of the cotangents)
+    np.testing.assert_allclose(np.asarray(grad), sum(everyone) + sum(everyone))

@@ -10,10 +10,18 @@ Skipped, with the reason, where NCCL cannot run (no CuPy, no libnccl, no CUDA de
 * torch CUDA tensors and JAX GPU arrays through the backend;
 * the core's device check: a CPU array on nccl is refused (tcp takes CUDA arrays: test_tcp_cuda);
 * two ranks on one GPU are refused naming both ranks.
+
+What one GPU proves, and what it cannot: at world size 1 NCCL never reduces (an in-place
+reduction leaves the array as it is, an out-of-place one copies it), so these tests would pass
+with PROD mapped to SUM. They prove the launches, the dtype views and widenings, the byte counts,
+stream ordering and the Works; the (dtype, op) table is pinned to nccl.h's values on the CPU side
+(tests/nccl/test_nccl_tables.py). Reductions across ranks, NCCL_AVG's rounding, p2p between
+ranks and a dead peer's abort need two GPUs, and have not run on any yet.
 """
 
 from __future__ import annotations
 
+import gpu_limits
 import numpy as np
 import pytest
 
@@ -31,8 +39,6 @@ if REASON is not None:
 
 import cupy  # noqa: E402 - only once NCCL is known to be usable
 from gpu_workers import two_ranks_on_one_gpu  # noqa: E402
-
-pytestmark = pytest.mark.timeout(300)
 
 COUNT = 37  # odd, so no size is accidentally a multiple of anything
 ROW = 5
@@ -150,11 +156,32 @@ def test_every_collective_matches_numpy(nccl_world, dtype):
 
 
 def test_zero_elements(nccl_world):
+    # Nothing is launched for an empty array, but every call must still complete (sync and
+    # async), keep the ranks in step, and leave the group usable.
     empty = cupy.zeros(0, dtype=cupy.float32)
     colls.all_reduce(empty)
+    work = colls.all_reduce(empty, op=colls.ReduceOp.AVG, async_op=True)
+    work.wait()
     colls.broadcast(empty, src=0)
-    colls.all_gather_into_tensor(cupy.zeros(0, dtype=cupy.float32), empty)
-    assert empty.size == 0
+    colls.reduce(empty, dst=0, op=colls.ReduceOp.MAX)
+    gathered = cupy.zeros(0, dtype=cupy.float32)
+    colls.all_gather_into_tensor(gathered, empty)
+    scattered = cupy.zeros(0, dtype=cupy.float32)
+    colls.reduce_scatter_tensor(scattered, empty)
+    exchanged = cupy.zeros(0, dtype=cupy.float32)
+    colls.all_to_all_single(exchanged, empty)
+    works = colls.batch_isend_irecv([
+        colls.P2POp(colls.isend, cupy.zeros(0, dtype=cupy.float32), 0),
+        colls.P2POp(colls.irecv, cupy.zeros(0, dtype=cupy.float32), 0),
+    ])
+    for each in works:
+        each.wait()
+    cupy.cuda.get_current_stream().synchronize()
+    assert work.is_completed() and works[1].source_rank() == 0
+    assert [a.shape for a in (empty, gathered, scattered, exchanged)] == [(0,)] * 4
+    after = cupy.arange(5, dtype=cupy.float32)  # the next call is still right
+    colls.all_reduce(after, op=colls.ReduceOp.MAX)
+    assert cupy.asnumpy(after).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
 def test_a_second_group_gets_its_own_communicator(nccl_world):
@@ -194,6 +221,15 @@ def test_collectives_are_ordered_on_the_callers_stream(nccl_world, async_op):
         x = cupy.zeros(n, dtype=cupy.float32)
         out = cupy.zeros(n, dtype=cupy.float32)
         scattered = cupy.zeros(n, dtype=cupy.float32)
+        stream.synchronize()
+        # Warm-up, unobserved: a kernel's first launch in a process may load its module (CUDA's
+        # lazy loading can synchronise the context there).
+        _SLOW_FILL(((n + 255) // 256,), (256,), (x, cupy.float32(0.0), n, 0))
+        for work in (colls.all_gather_into_tensor(out, x, async_op=async_op),
+                     colls.reduce_scatter_tensor(scattered, x, async_op=async_op)):
+            if work is not None:
+                work.wait()
+        _ = out + scattered
         stream.synchronize()
         _SLOW_FILL(((n + 255) // 256,), (256,), (x, cupy.float32(3.0), n, SPIN_CYCLES))
         written = cupy.cuda.Event(disable_timing=True)
@@ -247,7 +283,7 @@ def test_a_cpu_array_is_refused_by_nccl(nccl_world):
 
 
 def test_two_ranks_on_one_gpu_are_refused_naming_both():
-    results = spawn(two_ranks_on_one_gpu, 2, backend=None, timeout=200)
+    results = spawn(two_ranks_on_one_gpu, 2, backend=None, timeout=gpu_limits.spawn_seconds())
     for message in results:
         assert message.startswith("nccl: ranks 0 and 1 of the group both use CUDA device 0 ("), \
             message

@@ -10,6 +10,7 @@ reason, without CuPy or a CUDA device. The pipeline's logic is also tested witho
 
 from __future__ import annotations
 
+import gpu_limits
 import pytest
 
 from colls.testing.spawn import spawn
@@ -34,8 +35,6 @@ if REASON is not None:
 
 import gpu_workers  # noqa: E402 - after the skip: it builds CUDA kernels on use
 
-pytestmark = pytest.mark.timeout(300)
-
 #: JAX would take 75 % of the GPU's memory in every process; ranks share the one GPU here
 #: (conftest.py sets it for this process too).
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -44,14 +43,14 @@ ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 @pytest.mark.parametrize("shm", ["1", "0"], ids=["shm", "sockets"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_collective_with_cupy(world, shm):
-    spawn(gpu_workers.tcp_every_collective_with_cupy, world, timeout=240,
+    spawn(gpu_workers.tcp_every_collective_with_cupy, world, timeout=gpu_limits.spawn_seconds(),
           env={**ENV, "COLLS_SHM": shm})
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 def test_the_staged_copy_waits_for_the_callers_stream(async_op):
     host_waited = spawn(gpu_workers.tcp_waits_for_the_callers_stream, 2, args=(async_op,),
-                        timeout=120, env=ENV)
+                        timeout=gpu_limits.spawn_seconds(), env=ENV)
     if async_op:  # a synchronous call must wait for the data; an async one returns at once
         assert host_waited == [False, False]
 
@@ -66,4 +65,4 @@ def test_torch_and_jax_arrays():
         pytest.skip("needs torch with CUDA")
     if not any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("needs jax with a GPU")
-    spawn(gpu_workers.tcp_torch_and_jax_arrays, 2, timeout=180, env=ENV)
+    spawn(gpu_workers.tcp_torch_and_jax_arrays, 2, timeout=gpu_limits.spawn_seconds(), env=ENV)
