@@ -15,7 +15,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from colls.launch_env import limit_threads_under_mpiexec as _limit_threads
+
 __version__ = "0.1.0"
+
+# Under mpiexec, one OpenMP/BLAS thread per rank unless the user says otherwise, as colls-run
+# sets for its workers (docs/backends.md, "Threads of BLAS and OpenMP").
+_limit_threads()
 
 _EXPORTS: dict[str, str] = {
     # lifecycle and groups

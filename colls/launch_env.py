@@ -180,13 +180,38 @@ def mpiexec_variable() -> str | None:
     return next((name for name in MPI_RANK_VARIABLES if os.environ.get(name, "").strip()), None)
 
 
+#: Variables giving how many of mpiexec's processes run on this node (hydra, Open MPI).
+MPI_LOCAL_SIZE_VARIABLES: Final = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def limit_threads_under_mpiexec(environ: dict[str, str] | None = None) -> bool:
+    """Set ``OMP_NUM_THREADS=1`` when mpiexec runs several processes on this node and it is unset.
+
+    colls-run does the same for its workers (as torchrun): N ranks each starting an OpenMP/BLAS
+    thread per core overload the machine. mpiexec sets nothing, so ``import colls`` does it; it
+    takes effect for libraries that size their thread pools later (import colls before NumPy,
+    or set the variable on the mpiexec command line). Returns whether it set the variable.
+    """
+    env = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in env or not any(env.get(n, "").strip() for n in MPI_RANK_VARIABLES):
+        return False
+    local = next((env[n].strip() for n in MPI_LOCAL_SIZE_VARIABLES if env.get(n, "").strip()),
+                 "")
+    if local.isdigit() and int(local) <= 1:
+        return False  # the only rank on its node may use every core
+    env["OMP_NUM_THREADS"] = "1"
+    return True
+
+
 __all__ = [
     "AGENT_STORE_VARIABLE",
     "LOCAL_RANK_VARIABLES",
+    "MPI_LOCAL_SIZE_VARIABLES",
     "MPI_RANK_VARIABLES",
     "RESTART_COUNT_VARIABLE",
     "SLURM_PORT_BASE",
     "expand_nodelist",
+    "limit_threads_under_mpiexec",
     "local_rank_variable",
     "mpiexec_variable",
     "slurm_master_addr",

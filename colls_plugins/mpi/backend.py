@@ -115,6 +115,7 @@ class MpiBackend(Backend):
     ) -> None:
         super().__init__(store, rank, world_size, options)
         MPI = runtime.initialized_mpi()
+        runtime.abort_on_uncaught_exception(MPI)
         self._MPI = MPI
         self._BYTE = MPI.BYTE
         self._IN_PLACE = MPI.IN_PLACE

@@ -20,8 +20,8 @@ from typing import Any, Final
 from colls import env
 from colls.errors import BackendUnavailableError
 
-#: What ``pip install`` brings the mpi extra (mpi4py plus the MPICH wheel).
-INSTALL_HINT: Final = "pip install 'colls[mpi]'"
+#: What brings the mpi extra (mpi4py plus the MPICH wheel), as written from a checkout of colls.
+INSTALL_HINT: Final = "pip install -e '.[mpi]' in a checkout of colls, or pip install mpi4py mpich"
 _THREAD_LEVEL_NAMES: Final = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
                               "MPI_THREAD_SERIALIZED", "MPI_THREAD_MULTIPLE")
 #: Words in the MPI-4.1 ``mpi_memory_alloc_kinds`` info value that mean CUDA device memory.
@@ -111,6 +111,44 @@ def initialized_mpi() -> Any:
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
     _check_thread_level(MPI)
     return MPI
+
+
+_hook_installed = False
+
+
+def abort_on_uncaught_exception(MPI: Any) -> None:
+    """Make an uncaught exception on this rank stop the whole MPI job (idempotent).
+
+    Under plain ``mpiexec``, a rank that dies of an exception leaves its peers blocked in their
+    next collective until an outer kill: MPI_Finalize, run at exit, waits for them. Like
+    ``python -m mpi4py``, colls replaces ``sys.excepthook`` (when the mpi backend is first
+    created) with one that prints the traceback as before, adds a line naming the rank, and
+    calls ``MPI_Abort`` on ``MPI_COMM_WORLD``, which makes mpiexec end every rank. An
+    application that wants another policy sets its own ``sys.excepthook`` after
+    ``init_process_group``.
+    """
+    global _hook_installed
+    with _lock:
+        if _hook_installed:
+            return
+        _hook_installed = True
+    previous = sys.excepthook
+
+    def abort_hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            previous(exc_type, exc, tb)  # the traceback, once, as without colls
+        finally:
+            if MPI.Is_initialized() and not MPI.Is_finalized():
+                world = MPI.COMM_WORLD
+                sys.stderr.write(
+                    f"colls: rank {world.Get_rank()} of {world.Get_size()} stopped on an "
+                    f"uncaught {exc_type.__name__}; aborting the MPI job (MPI_Abort) so the "
+                    "other ranks stop too\n"
+                )
+                sys.stderr.flush()
+                world.Abort(1)
+
+    sys.excepthook = abort_hook
 
 
 def world() -> tuple[int, int]:

@@ -11,7 +11,7 @@ from colls.testing.mpirun import find_mpiexec
 
 def _missing() -> str | None:
     if importlib.util.find_spec("mpi4py") is None:
-        return "mpi backend tests need mpi4py (pip install 'colls[mpi]')"
+        return "mpi backend tests need mpi4py (pip install -e '.[mpi]')"
     if find_mpiexec() is None:
         return "mpi backend tests need mpiexec (next to sys.executable or on PATH)"
     return None

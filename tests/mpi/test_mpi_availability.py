@@ -43,7 +43,11 @@ def test_missing_mpi4py_is_reported_with_the_install_hint() -> None:
             print("refused:", exc)
     """)
     reason, refused = out.splitlines()[:2]
-    assert reason.startswith("mpi: mpi4py is not installed (pip install 'colls[mpi]')")
+    # the command works as written from a checkout (issue 32)
+    assert reason.startswith(
+        "mpi: mpi4py is not installed (pip install -e '.[mpi]' in a checkout of colls, or "
+        "pip install mpi4py mpich)"
+    )
     assert refused.startswith("refused: backend 'mpi' is not available: mpi: mpi4py is not")
 
 
