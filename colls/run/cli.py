@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start N worker processes per node for colls (torchrun-compatible flags).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # a script's --n must never be taken for --nproc-per-node
     )
     parser.add_argument(
         "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", metavar="N",
@@ -174,6 +175,32 @@ def _resolve_start_method(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error(str(exc))
 
 
+def split_at_script(parser: argparse.ArgumentParser, argv: Sequence[str]
+                    ) -> tuple[list[str], list[str]]:
+    """Split ``argv`` into colls-run's own arguments (up to the script) and the script's.
+
+    Everything after the script goes to it unchanged, even options that colls-run also has
+    (``heat.py --nnodes 5``) or that argparse would read as one of its flags; argparse alone
+    parses options wherever they stand. The script is the first argument that is neither an
+    option nor an option's value (after ``--``, the next argument).
+    """
+    takes_value = {
+        name for action in parser._actions for name in action.option_strings
+        if action.nargs != 0
+    }
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return list(argv[:i]) + list(argv[i + 1:i + 2]), list(argv[i + 2:])
+        if not arg.startswith("-") or arg == "-":
+            return list(argv[:i + 1]), list(argv[i + 1:])
+        if arg in takes_value:
+            i += 1  # its value, whatever it looks like
+        i += 1
+    return list(argv), []
+
+
 def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
     """Parse a colls-run command line into a LaunchConfig.
 
@@ -182,7 +209,10 @@ def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
             value), or --help was given (status 0).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launcher, script_args = split_at_script(parser, argv)
+    args = parser.parse_args(launcher)
+    args.script_args = script_args
     port = _resolve_port(parser, args)
     start_method = _resolve_start_method(parser, args)
     if not (args.module or args.no_python or os.path.exists(args.script)):
