@@ -177,10 +177,9 @@ def tcp_torch_and_jax_arrays(rank: int, world_size: int) -> None:
 
 def colls_jax_on_gpu_arrays(rank: int, world_size: int) -> None:
     """colls_jax eagerly, under jax.jit and under jax.grad, on arrays that live on the GPU."""
+    import colls_jax
     import jax
     import jax.numpy as jnp
-
-    import colls_jax
 
     gpu = [d for d in jax.devices() if d.platform == "gpu"][0]
     assert jax.devices()[0] == gpu, jax.devices()  # results land on the default device

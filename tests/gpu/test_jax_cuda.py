@@ -23,9 +23,10 @@ jax = pytest.importorskip("jax", reason="needs jax")
 if not any(d.platform == "gpu" for d in jax.devices()):
     pytest.skip(f"needs jax with a GPU (devices: {jax.devices()})", allow_module_level=True)
 
-import colls  # noqa: E402
 import colls_jax  # noqa: E402
 import gpu_workers  # noqa: E402
+
+import colls  # noqa: E402
 from colls.store import HashStore  # noqa: E402
 
 #: JAX would take 75 % of the GPU's memory in every process; ranks share the one GPU here.
