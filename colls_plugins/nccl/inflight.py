@@ -191,13 +191,17 @@ class InFlight:
         return None
 
     def _complete(self) -> None:
-        """The completion thread: complete each finished operation's Work, in firing order."""
-        while (entry := self._done.get()) is not None:
-            try:
-                if entry.work is not None:
-                    entry.work.set_result(entry.result)  # its callbacks run here
-            finally:
-                entry.keep = ()
-                with self._cond:
-                    self._completing -= 1
-                    self._cond.notify_all()
+        """The completion thread: complete each finished operation's Work, in firing order.
+
+        The device is current, as on the watchdog's thread, for callbacks that use CuPy.
+        """
+        with self._device:
+            while (entry := self._done.get()) is not None:
+                try:
+                    if entry.work is not None:
+                        entry.work.set_result(entry.result)  # its callbacks run here
+                finally:
+                    entry.keep = ()
+                    with self._cond:
+                        self._completing -= 1
+                        self._cond.notify_all()
