@@ -14,7 +14,9 @@
 #   install     15  colls from this tree: pip install --no-deps --no-build-isolation --no-index
 #                   -e . (without setuptools: the tree on PYTHONPATH and a generated dist-info
 #                   declaring its entry points); pytest and pytest-timeout, if missing, from the
-#                   wheels in $COLLS_GPU_WHEELS (default .gpu-wheels, carried with the tree).
+#                   wheels in $COLLS_GPU_WHEELS (default .gpu-wheels, carried with the tree; pip
+#                   download --only-binary=:all: --python-version 3.12 -d .gpu-wheels pytest
+#                   pytest-timeout), by pip or else unpacked onto PYTHONPATH.
 #   nccl        50  tests/gpu/test_nccl_gpu.py: nccl at world size 1.
 #   tcp         55  tests/gpu/test_tcp_cuda.py: CUDA arrays through tcp at 2 and 4 processes.
 #   torch       30  tests/gpu/test_torch_cuda.py: colls_torch on CUDA (streams, device maps).
@@ -190,8 +192,13 @@ PYEOF
 fi
 if ! "$PY" -c "import pytest, pytest_timeout" 2>/dev/null; then
     wheels=${COLLS_GPU_WHEELS:-.gpu-wheels}
-    timeout -k 5 "$limit" "$PY" -m pip install -q --no-index --find-links "$wheels" \
-        pytest pytest-timeout || echo "pytest/pytest-timeout could not be installed from $wheels"
+    if ! timeout -k 5 "$limit" "$PY" -m pip install -q --no-index --find-links "$wheels" \
+            pytest pytest-timeout; then  # no pip: unpack the wheels (pure Python) instead
+        unpacked=$(mktemp -d)
+        for wheel in "$wheels"/*.whl; do "$PY" -m zipfile -e "$wheel" "$unpacked"; done
+        export PYTHONPATH="$unpacked${PYTHONPATH:+:$PYTHONPATH}"
+        echo "pip could not install from $wheels; unpacked its wheels on PYTHONPATH"
+    fi
 fi
 if "$PY" -c "import colls; print('colls', colls.__file__, colls.available_backends())" \
         && "$PY" -c "import pytest, pytest_timeout; print('pytest', pytest.__version__)"; then
