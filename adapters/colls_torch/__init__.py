@@ -1,20 +1,22 @@
-"""colls_torch: torch.distributed over colls, two ways.
+"""colls_torch: a drop-in for the torch.distributed module, over any colls backend.
 
-1. A drop-in for the torch.distributed module, on torch tensors, over any colls backend, without
-   initialising torch.distributed itself::
+::
 
-       import colls_torch as dist          # instead of: import torch.distributed as dist
-       dist.init_process_group("gloo")     # "gloo" means colls' tcp backend
-       dist.all_reduce(tensor)
+    import colls_torch as dist          # instead of: import torch.distributed as dist
+    dist.init_process_group("gloo")     # "gloo" means colls' tcp backend
+    dist.all_reduce(tensor)
+    model = DistributedDataParallel(model)   # runs over colls too
 
-   Same functions, signatures, defaults, return values and exception types as
-   torch.distributed (torch's ``DistError`` family for runtime failures). ``ReduceOp`` is
-   torch's own, so ``torch.distributed.ReduceOp.SUM`` works too.
+Same functions, signatures, defaults, return values and exception types as torch.distributed
+(torch's ``DistError`` family for runtime failures). ``ReduceOp`` is torch's own, so
+``torch.distributed.ReduceOp.SUM`` works too.
 
-2. A ``colls`` backend inside torch.distributed, registered on import::
-
-       import colls_torch  # noqa: F401
-       torch.distributed.init_process_group("colls")   # then DDP, functional collectives, ...
+One world (:mod:`colls_torch._world`): ``init_process_group`` also makes torch.distributed's
+default group colls' world (the ``colls`` c10d backend over the same colls group), and
+``new_group`` returns torch group objects, so DDP, FSDP2, DeviceMesh/DTensor, DCP, the functional
+collectives and libraries such as torchmetrics and Lightning run over colls. The other way in is
+the same world: ``torch.distributed.init_process_group("colls")``, which works without importing
+colls_torch (torch finds the backend through its ``torch.backends`` entry point).
 
 See docs/torch.md for porting notes and every known difference from torch.distributed.
 """
@@ -24,6 +26,23 @@ from __future__ import annotations
 import datetime
 
 import torch.distributed as _dist
+from torch.distributed import (  # torch's own: with one world they act on colls' groups
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    BuiltinCommHookType,
+    DeviceMesh,
+    GatherOptions,
+    GradBucket,
+    Logger,
+    Reducer,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    init_device_mesh,
+)
 from torch.distributed.elastic.multiprocessing.errors import record as _torch_record
 
 from colls.process_group import ProcessGroup
@@ -119,19 +138,33 @@ timedelta = datetime.timedelta
 register()
 
 __all__ = [
+    "AllToAllOptions",
+    "AllreduceCoalescedOptions",
+    "AllreduceOptions",
     "Backend",
+    "BarrierOptions",
+    "BroadcastOptions",
+    "BuiltinCommHookType",
+    "DeviceMesh",
     "DistBackendError",
     "DistError",
     "DistNetworkError",
     "DistStoreError",
     "FileStore",
+    "GatherOptions",
+    "GradBucket",
     "GroupMember",
     "HashStore",
+    "Logger",
     "P2POp",
     "PrefixStore",
     "ProcessGroup",
     "ProcessGroupColls",
     "ReduceOp",
+    "ReduceOptions",
+    "ReduceScatterOptions",
+    "Reducer",
+    "ScatterOptions",
     "Store",
     "TCPStore",
     "Work",
@@ -167,6 +200,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "group",
+    "init_device_mesh",
     "init_process_group",
     "irecv",
     "is_available",

@@ -27,13 +27,8 @@ import torch.distributed as T  # noqa: E402
 
 import colls  # noqa: E402
 
-_OPTIONS = ("options of the C++ ProcessGroup methods (`pg.allreduce(tensors, opts)`); "
-            "colls_torch's groups are colls groups, without those methods (the `colls` backend "
-            "takes torch's own options)")
-_DDP = "DDP's C++ internals: run DDP over colls through the `colls` backend (section 2)"
 _DEBUG = ("`TORCH_DISTRIBUTED_DEBUG`'s switches for torch's own groups; colls reads "
           "`COLLS_DEBUG` (docs/env.md)")
-_MESH = "built on torch.distributed's own groups: use it over the `colls` backend"
 _SPLIT = ("experimental in torch 2.13 and NCCL only (communicator split and shrink); "
           "new_group and new_subgroups_by_enumeration make the same groups")
 _STORE_TIMEOUT = "also takes `timeout` (torch's sets it with `set_timeout()` only)"
@@ -42,26 +37,11 @@ _WORK = "made by colls around a running operation, not by users"
 
 #: Public callables of torch.distributed that colls_torch does not provide, and why.
 NOT_IN_COLLS_TORCH: dict[str, str] = {
-    "AllToAllOptions": _OPTIONS,
-    "AllreduceCoalescedOptions": _OPTIONS,
-    "AllreduceOptions": _OPTIONS,
-    "BarrierOptions": _OPTIONS,
-    "BroadcastOptions": _OPTIONS,
-    "GatherOptions": _OPTIONS,
-    "ReduceOptions": _OPTIONS,
-    "ReduceScatterOptions": _OPTIONS,
-    "ScatterOptions": _OPTIONS,
     "BackendConfig": "torch's parser of backend strings; `get_backend_config()` returns its text",
-    "BuiltinCommHookType": _DDP,
-    "GradBucket": _DDP,
-    "Logger": _DDP,
-    "Reducer": _DDP,
     "DebugLevel": _DEBUG,
     "get_debug_level": _DEBUG,
     "set_debug_level": _DEBUG,
     "set_debug_level_from_env": _DEBUG,
-    "DeviceMesh": _MESH,
-    "init_device_mesh": _MESH,
     "GroupName": "a typing alias of torch's group names (colls names groups itself)",
     "ProcessGroupGloo": "torch's gloo backend class; colls_torch's `\"gloo\"` is colls' tcp",
     "QueueEmptyError": "raised by the queue methods of torch's stores, which colls' stores lack",
