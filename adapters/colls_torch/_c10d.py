@@ -1,18 +1,23 @@
-"""The ``colls`` backend inside torch.distributed.
+"""The ``colls`` backend inside torch.distributed: :class:`ProcessGroupColls`.
 
-Importing colls_torch registers it (``torch.distributed.Backend.register_backend("colls", ...)``),
-after which ``torch.distributed.init_process_group("colls")`` and ``new_group(backend="colls")``
-build a :class:`ProcessGroupColls`: a Python subclass of torch's ``ProcessGroup`` whose methods
-(``allreduce``, ``broadcast``, ..., with torch's ``*Options`` objects) run colls collectives and
-return :class:`colls_torch.Work`. C++ callers (DDP's reducer, functional collectives) reach these
-methods through torch's pybind trampoline; ``wait()`` re-raises failures.
+torch finds the backend at ``import torch`` (the ``torch.backends`` entry point,
+colls_torch_autoload) or when colls_torch is imported (:func:`register`); then
+``torch.distributed.init_process_group("colls")`` and ``new_group(backend="colls")`` call
+:func:`create`, which builds a :class:`ProcessGroupColls`: a Python subclass of torch's
+``ProcessGroup`` whose methods (``allreduce``, ``broadcast``, ..., with torch's ``*Options``
+objects) run colls collectives and return :class:`colls_torch.Work`. C++ callers (DDP's reducer,
+functional collectives) reach these methods through torch's pybind trampoline; ``wait()``
+re-raises failures.
 
-The transport underneath is a colls backend chosen per group by ``pg_options`` (a
-:class:`ProcessGroupColls.Options` or ``{"transport": "mpi"}``), else by ``COLLS_TORCH_TRANSPORT``
-(default tcp). colls rendezvouses through the store torch hands to the factory (wrapped in
-:class:`~colls_torch._stores.TorchStore`), so env://, tcp://, file://, torchrun and colls-run all
-work. Group ranks given by torch (``opts.rootRank``, ``dstRank``) are already group ranks, so the
-colls group is built over ranks ``0..size-1``.
+Each ProcessGroupColls runs on one colls group (:func:`_colls_group` decides which): the one
+colls_torch hands over in the options (one world, :mod:`colls_torch._world`), colls' world for
+torch's default group, or a new colls group for any other group torch makes, rendezvoused
+through the store torch hands to the factory (wrapped in
+:class:`~colls_torch._stores.TorchStore`), so env://, tcp://, file://, torchrun and colls-run
+all work. The transport underneath a new group is a colls backend chosen by ``pg_options`` (a
+:class:`ProcessGroupColls.Options` or ``{"transport": "mpi"}``), else by
+``COLLS_TORCH_TRANSPORT`` (default tcp). Group ranks given by torch (``opts.rootRank``,
+``dstRank``) are group ranks, and every call passes them as such (``group_src``/``group_dst``).
 """
 
 from __future__ import annotations
