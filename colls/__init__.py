@@ -66,6 +66,8 @@ _EXPORTS: dict[str, str] = {
     "irecv": "colls.p2p",
     "batch_isend_irecv": "colls.p2p",
     "P2POp": "colls.p2p",
+    "sendrecv": "colls.p2p",
+    "PROC_NULL": "colls.p2p",
     # objects
     "all_gather_object": "colls.objects",
     "broadcast_object_list": "colls.objects",

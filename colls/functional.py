@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from colls import _dispatch as d
 from colls import buffers
 from colls import collectives as c
@@ -41,12 +43,41 @@ def _input(array: Any, op: str, group: Any) -> Buffer:
     return d.buffer(array, arg="array", op=f"functional.{op}", writable=False)
 
 
+#: Python scalars :func:`all_reduce` takes, and the dtype each is reduced in.
+_SCALAR_DTYPES = ((bool, np.bool_), (int, np.int64), (float, np.float64),
+                  (complex, np.complex128))
+
+
 def all_reduce(array: Any, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
-    """Return the reduction of ``array`` over the group (every rank gets it)."""
+    """Return the reduction of ``array`` over the group (every rank gets it).
+
+    ``array`` may also be a Python scalar (``bool``, ``int``, ``float``, ``complex``) or a NumPy
+    scalar: the result is then the reduced Python scalar (mpi4py's ``comm.allreduce(x)``), as
+    a residual norm in a solver loop needs: ``total = colls.functional.all_reduce(local)``.
+    An ``int`` is reduced as int64, a ``float`` as float64.
+    """
+    if isinstance(array, (bool, int, float, complex, np.generic)):
+        return _all_reduce_scalar(array, op, group)
     buf = _input(array, "all_reduce", group)
     out = buffers.scratch(buf)
     c.all_reduce(out, op=op, group=group)
     return _result(array, out)
+
+
+def _all_reduce_scalar(value: Any, op: Any, group: Any) -> Any:
+    if isinstance(value, np.generic):
+        box = np.array(value)  # its own dtype
+    else:
+        dtype = next(dt for kind, dt in _SCALAR_DTYPES if isinstance(value, kind))
+        try:
+            box = np.array(value, dtype=dtype)
+        except OverflowError:
+            raise OverflowError(
+                f"functional.all_reduce on rank {d.my_rank()}: {value} does not fit in int64"
+            ) from None
+    box = box.reshape(1)  # 1-D: the fast path's common case
+    c.all_reduce(box, op=op, group=group)
+    return box[0].item()
 
 
 def broadcast(array: Any, src: int | None = None, group: Any = None,

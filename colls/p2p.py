@@ -2,6 +2,11 @@
 
 Tags are non-negative ints (colls' collectives use negative ones). ``recv``/``irecv`` with no
 source receive from any rank; ``recv`` then returns the sender's world rank.
+
+Two additions for stencil codes, from MPI: :func:`sendrecv` (``MPI_Sendrecv``: a send and a
+receive started together, so a ring or a halo exchange cannot deadlock) and :data:`PROC_NULL`,
+a peer that every point-to-point call accepts and that makes it a no-op (the boundary ranks of
+a halo exchange send to and receive from nobody without a branch).
 """
 
 from __future__ import annotations
@@ -17,14 +22,55 @@ from colls.process_group import ProcessGroup
 from colls.work import Work, chain
 
 
+class _ProcNull(int):
+    """The type of :data:`PROC_NULL` (an int, so it passes where a rank does)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "colls.PROC_NULL"
+
+    __str__ = __repr__
+
+
+PROC_NULL: int = _ProcNull(-2)
+"""The null peer (MPI's ``MPI_PROC_NULL``): a send to it or a receive from it completes at once
+and moves nothing.
+
+A receive from it leaves its array alone, and ``recv`` returns ``PROC_NULL``. Accepted as
+``dst``/``src``/``peer`` (or the ``group_*`` forms) by send, recv, isend, irecv, sendrecv and
+P2POp. It is this object, not its value: a plain -2 is refused like any other negative rank
+(and ``mpi4py.MPI.PROC_NULL``, whose value depends on the MPI library, is not it).
+"""
+
+
+def _null(peer: Any, group_peer: Any) -> bool:
+    return peer is PROC_NULL or group_peer is PROC_NULL
+
+
+def _null_work(group: Any, op: str, value: Any) -> Work | None:
+    """Return the completed Work of a call with the null peer (None for non-members)."""
+    if d.resolve_group(group) is None:
+        return None
+    return Work.completed(value, description=f"{op} with colls.PROC_NULL")
+
+
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to rank ``dst``; return a Work (None for non-members)."""
+    return _isend(tensor, dst, group, tag, group_dst, "isend")
+
+
+def _isend(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None,
+           op: str) -> Work | None:
+    """:func:`isend`, whose errors name ``op``: the call the user made (send or isend)."""
     if group is None and group_dst is None:
         ready = fast.peer(tensor, dst, tag, writable=False)
         if ready is not None:  # the common case (colls._fast_path)
             return ready[0].backend.isend(ready[1], dst, tag)
-    post = _checked_send(tensor, dst, group, tag, group_dst)
+    if _null(dst, group_dst):
+        return _null_work(group, op, None)
+    post = _checked_send(tensor, dst, group, tag, group_dst, op)
     if post is None:
         return None
     pg, array, peer = post
@@ -37,18 +83,21 @@ def _after_queued_collectives(pg: ProcessGroup, op: str) -> None:
         pg.wait_for_queued_jobs(op)
 
 
-def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None
-                  ) -> tuple[ProcessGroup, Any, int] | None:
-    """Check a send's arguments; return (group, array, group rank of dst) or None (non-member)."""
+def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None,
+                  op: str = "isend") -> tuple[ProcessGroup, Any, int] | None:
+    """Check a send's arguments; return (group, array, group rank of dst) or None (non-member).
+
+    Errors name ``op``, the call the user made.
+    """
     pg = d.resolve_group(group)
     if pg is None:
         return None
-    pg.health.check("isend")
-    peer = d.group_rank_of(pg, dst, group_dst, arg="dst", op="isend")
-    d.check_peer(pg, peer, arg="dst", op="isend")
-    d.check_tag(tag, op="isend")
-    array = d.buffer(tensor, arg="tensor", op="isend", writable=False).array
-    _after_queued_collectives(pg, "isend")
+    pg.health.check(op)
+    peer = d.group_rank_of(pg, dst, group_dst, arg="dst", op=op)
+    d.check_peer(pg, peer, arg="dst", op=op)
+    d.check_tag(tag, op=op)
+    array = d.buffer(tensor, arg="tensor", op=op, writable=False).array
+    _after_queued_collectives(pg, op)
     return pg, array, peer
 
 
@@ -58,29 +107,40 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
 
     The Work's ``source_rank()`` is the sender's group rank, as in torch.
     """
+    return _irecv(tensor, src, group, tag, group_src, "irecv")
+
+
+def _irecv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
+           op: str) -> Work | None:
+    """:func:`irecv`, whose errors name ``op``: the call the user made (recv or irecv)."""
     if group is None and group_src is None:
         ready = fast.peer(tensor, src, tag, writable=True)
         if ready is not None:  # the common case (colls._fast_path)
             return ready[0].backend.irecv(ready[1], src, tag)
-    post = _checked_recv(tensor, src, group, tag, group_src)
+    if _null(src, group_src):
+        return _null_work(group, op, PROC_NULL)
+    post = _checked_recv(tensor, src, group, tag, group_src, op)
     if post is None:
         return None
     pg, buf, peer = post
     return _written_back(pg.backend.irecv(buf.array, peer, tag), buf)
 
 
-def _checked_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None
-                  ) -> tuple[ProcessGroup, Buffer, int | None] | None:
-    """Check a receive's arguments; return (group, buffer, group rank of src or None)."""
+def _checked_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
+                  op: str = "irecv") -> tuple[ProcessGroup, Buffer, int | None] | None:
+    """Check a receive's arguments; return (group, buffer, group rank of src or None).
+
+    Errors name ``op``, the call the user made.
+    """
     pg = d.resolve_group(group)
     if pg is None:
         return None
-    pg.health.check("irecv")
-    peer = d.group_rank_of(pg, src, group_src, arg="src", op="irecv", allow_any=True)
-    d.check_peer(pg, peer, arg="src", op="irecv")
-    d.check_tag(tag, op="irecv")
-    buf = d.buffer(tensor, arg="tensor", op="irecv", writable=True)
-    _after_queued_collectives(pg, "irecv")
+    pg.health.check(op)
+    peer = d.group_rank_of(pg, src, group_src, arg="src", op=op, allow_any=True)
+    d.check_peer(pg, peer, arg="src", op=op)
+    d.check_tag(tag, op=op)
+    buf = d.buffer(tensor, arg="tensor", op=op, writable=True)
+    _after_queued_collectives(pg, op)
     return pg, buf, peer
 
 
@@ -116,7 +176,7 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
             except NetworkError as exc:
                 _raise_explained(ready[0], "send", exc)
             return
-    work = isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
+    work = _isend(tensor, dst, group, tag, group_dst, "send")
     if work is not None:
         try:
             work.wait()
@@ -136,9 +196,11 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
                 return ready[0].backend.recv(ready[1], src, tag)
             except NetworkError as exc:
                 _raise_explained(ready[0], "recv", exc)
-    work = irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
+    work = _irecv(tensor, src, group, tag, group_src, "recv")
     if work is None:
         return -1  # not a member of the group
+    if _null(src, group_src):
+        return PROC_NULL
     pg = d.resolve_group(group)
     assert pg is not None  # irecv returned a Work, so this process is a member
     try:
@@ -199,6 +261,16 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         isinstance(p, P2POp) for p in p2p_op_list
     ):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
+    nulls = [_null(p.peer, p.group_peer) for p in p2p_op_list]
+    if any(nulls):  # ops with colls.PROC_NULL complete at once; the others go to the backend
+        real = batch_isend_irecv([p for p, null in zip(p2p_op_list, nulls, strict=True)
+                                  if not null])
+        started = iter(real)
+        return [
+            _null_work(p.group, p.op.__name__, PROC_NULL if p.op.__name__ == "irecv" else None)
+            if null else next(started)
+            for p, null in zip(p2p_op_list, nulls, strict=True)
+        ]
     checked = [c for c in map(_checked_op, p2p_op_list) if c is not None]  # members' ops
     if not checked:
         return []
@@ -221,24 +293,89 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
 
 def _checked_op(p: P2POp) -> tuple[ProcessGroup, tuple[str, Any, int | None, int], Buffer | None
                                    ] | None:
-    """Check one op of a batch; return (group, backend entry, staged receive buffer) or None.
+    """Check one op of a batch; return (group, backend entry, staged receive buffer) or None."""
+    kind = "isend" if p.op.__name__ == "isend" else "irecv"
+    return _checked_entry(kind, p.tensor, p.peer, p.group, p.tag, p.group_peer, kind)
+
+
+def _checked_entry(kind: str, tensor: Any, peer: int | None, group: Any, tag: int,
+                   group_peer: int | None, op: str
+                   ) -> tuple[ProcessGroup, tuple[str, Any, int | None, int], Buffer | None
+                              ] | None:
+    """Check a send (``kind`` "isend") or receive of a batch; errors name ``op``.
 
     An op on the default group with a plain NumPy array takes the fast path's checks
     (:func:`colls._fast_path.peer`); anything else the general ones, which raise the errors.
+    Returns (group, backend entry, staged receive buffer), or None for a non-member.
     """
-    kind = "isend" if p.op.__name__ == "isend" else "irecv"
-    if p.group is None and p.group_peer is None:
-        ready = fast.peer(p.tensor, p.peer, p.tag, writable=kind == "irecv")
+    if group is None and group_peer is None:
+        ready = fast.peer(tensor, peer, tag, writable=kind == "irecv")
         if ready is not None:
-            return ready[0], (kind, ready[1], p.peer, p.tag), None
+            return ready[0], (kind, ready[1], peer, tag), None
     if kind == "isend":
-        send = _checked_send(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+        send = _checked_send(tensor, peer, group, tag, group_peer, op)
         if send is None:
             return None
-        pg, array, peer = send
-        return pg, (kind, array, peer, p.tag), None
-    recv = _checked_recv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+        pg, array, rank = send
+        return pg, (kind, array, rank, tag), None
+    recv = _checked_recv(tensor, peer, group, tag, group_peer, op)
     if recv is None:
         return None
-    pg, buf, peer = recv
-    return pg, (kind, buf.array, peer, p.tag), buf
+    pg, buf, rank = recv
+    return pg, (kind, buf.array, rank, tag), buf
+
+
+def sendrecv(send_tensor: Any, recv_tensor: Any, dst: int | None = None, src: int | None = None,
+             group: Any = None, tag: int = 0, *, recv_tag: int | None = None,
+             group_dst: int | None = None, group_src: int | None = None) -> int:
+    """Send ``send_tensor`` to ``dst`` and receive ``recv_tensor`` from ``src``, together.
+
+    mpi4py's ``comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag)``: both are
+    started before either is waited for (one backend call, as :func:`batch_isend_irecv`), so
+    ranks that all send first cannot deadlock. Either peer may be :data:`PROC_NULL` (that half
+    does nothing: a boundary rank of a halo exchange), and ``src=None`` receives from any rank.
+    The two arrays must not overlap.
+
+    Args:
+        send_tensor: the array to send (read only).
+        recv_tensor: the array to receive into (written in place).
+        dst: world rank to send to (or ``group_dst``, its rank in ``group``).
+        src: world rank to receive from (or ``group_src``); None: any rank.
+        group: the group (default: the world).
+        tag: tag of the send, and of the receive unless ``recv_tag`` is given.
+        recv_tag: tag of the receive.
+
+    Returns:
+        The sender's world rank (``PROC_NULL`` when ``src`` is ``PROC_NULL``; -1 when this
+        process is not a member of ``group``).
+
+    Raises:
+        ValueError, TypeError: a bad argument (named as ``sendrecv``), before anything starts.
+        CollsError: the send or the receive failed.
+    """
+    rtag = tag if recv_tag is None else recv_tag
+    pg = d.resolve_group(group)
+    if pg is None:
+        return -1
+    checked = []
+    if not _null(src, group_src):
+        checked.append(_checked_entry("irecv", recv_tensor, src, group, rtag, group_src,
+                                      "sendrecv"))
+    if not _null(dst, group_dst):
+        checked.append(_checked_entry("isend", send_tensor, dst, group, tag, group_dst,
+                                      "sendrecv"))
+    entries = [c for c in checked if c is not None]
+    if not entries:
+        return PROC_NULL
+    works = pg.backend.batch_isend_irecv([entry for _, entry, _ in entries])
+    works = [work if buf is None else _written_back(work, buf)
+             for work, (_, _, buf) in zip(works, entries, strict=True)]
+    try:
+        for work in works:
+            work.wait()
+    except NetworkError as exc:
+        _raise_explained(pg, "sendrecv", exc)
+    if _null(src, group_src):
+        return PROC_NULL
+    sender = works[0].source_rank()
+    return sender if group is None else pg.global_rank(sender)

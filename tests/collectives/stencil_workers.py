@@ -1,0 +1,104 @@
+"""Workers of the stencil-code tests (sendrecv, PROC_NULL, scalar all_reduce, error names).
+
+Run on tcp by spawn and on mpi by run_mpi: module level, results checked against NumPy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import colls
+from colls import PROC_NULL, ReduceOp
+
+
+def halo_rows(rank: int, world_size: int) -> dict[str, Any]:
+    """A 1-D slab decomposition's two-row halo, non-periodic: boundaries talk to PROC_NULL."""
+    n = 6
+    u = np.zeros((n + 2, 4))
+    u[1:-1] = rank * 100 + np.arange(n)[:, None]  # interior rows
+    up = rank - 1 if rank > 0 else PROC_NULL
+    down = rank + 1 if rank < world_size - 1 else PROC_NULL
+    got_top = colls.sendrecv(u[1], u[-1], dst=up, src=down)  # send my first row up
+    got_bottom = colls.sendrecv(u[-2], u[0], dst=down, src=up, tag=1)
+    return {"top": got_top, "bottom": got_bottom, "ghost_first": u[0].tolist(),
+            "ghost_last": u[-1].tolist()}
+
+
+def ring(rank: int, world_size: int) -> dict[str, Any]:
+    """Every rank sends to the next and receives from the previous at once (periodic)."""
+    send = np.full(5, float(rank))
+    recv = np.empty(5)
+    sender = colls.sendrecv(send, recv, dst=(rank + 1) % world_size,
+                            src=(rank - 1) % world_size, tag=7)
+    any_recv = np.empty(5)
+    any_sender = colls.sendrecv(send, any_recv, dst=(rank + 1) % world_size, src=None, tag=8)
+    return {"sender": sender, "recv": recv.tolist(), "any_sender": any_sender,
+            "any_recv": any_recv.tolist()}
+
+
+def null_peer(rank: int, world_size: int) -> dict[str, Any]:
+    """PROC_NULL in every point-to-point call, and in a batch beside real ops."""
+    keep = np.full(3, 7.0)
+    out: dict[str, Any] = {}
+    out["recv"] = colls.recv(keep, src=PROC_NULL)
+    colls.send(keep, dst=PROC_NULL)
+    out["isend_done"] = colls.isend(keep, dst=PROC_NULL).is_completed()
+    work = colls.irecv(keep, src=PROC_NULL)
+    out["irecv_source"] = work.source_rank()
+    out["kept"] = keep.tolist()
+    peer = (rank + 1) % world_size
+    prev = (rank - 1) % world_size
+    got = np.zeros(2)
+    ops = [
+        colls.P2POp(colls.irecv, np.zeros(2), PROC_NULL),
+        colls.P2POp(colls.isend, np.full(2, float(rank)), peer),
+        colls.P2POp(colls.irecv, got, prev),
+        colls.P2POp(colls.isend, np.ones(2), PROC_NULL),
+    ]
+    works = colls.batch_isend_irecv(ops)
+    for w in works:
+        w.wait()
+    out["batch_got"] = got.tolist()
+    out["batch_len"] = len(works)
+    out["null_source"] = works[0].source_rank()
+    out["both_null"] = colls.sendrecv(keep, keep, dst=PROC_NULL, src=PROC_NULL)
+    return out
+
+
+def error_names(rank: int, world_size: int) -> dict[str, str]:
+    """Argument errors name the call the user made (send, not isend)."""
+    out = {}
+    x = np.ones(2)
+    for name, call in (
+        ("send", lambda: colls.send(x, dst=world_size + 5)),
+        ("recv", lambda: colls.recv(x, src=world_size + 5)),
+        ("isend", lambda: colls.isend(x, dst=world_size + 5)),
+        ("sendrecv", lambda: colls.sendrecv(x, x.copy(), dst=world_size + 5,
+                                             src=(rank + 1) % world_size)),
+        ("send_tag", lambda: colls.send(x, dst=(rank + 1) % world_size, tag=-1)),
+        ("plain_minus_two", lambda: colls.send(x, dst=-2)),
+    ):
+        try:
+            call()
+        except (TypeError, ValueError) as exc:
+            out[name] = str(exc)
+        else:
+            out[name] = "no error"
+    colls.barrier()
+    return out
+
+
+def scalar_all_reduce(rank: int, world_size: int) -> dict[str, Any]:
+    """colls.functional.all_reduce of Python and NumPy scalars returns the Python scalar."""
+    f = colls.functional
+    return {
+        "int": f.all_reduce(rank + 1),
+        "float": f.all_reduce(0.5 * rank),
+        "max": f.all_reduce(float(rank), op=ReduceOp.MAX),
+        "np_float32": f.all_reduce(np.float32(1.5)),
+        "complex": f.all_reduce(complex(rank, 1)),
+        "bool_or": f.all_reduce(rank == 0, op=ReduceOp.MAX),
+        "types": [type(f.all_reduce(1)).__name__, type(f.all_reduce(1.0)).__name__],
+    }
