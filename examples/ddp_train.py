@@ -1,24 +1,24 @@
-"""Train a small model with DistributedDataParallel over colls.
+"""Train a small model with DistributedDataParallel over colls: one import changed.
 
 Run with the colls launcher (or torchrun; both set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)::
 
     colls-run --nproc-per-node 2 examples/ddp_train.py
-    colls-run --nproc-per-node 2 examples/ddp_train.py --backend gloo   # torch's own, to compare
-    COLLS_TORCH_TRANSPORT=mpi ...                                        # another colls transport
+    colls-run --nproc-per-node 2 examples/ddp_train.py --face torch     # torch's gloo, to compare
+    colls-run --nproc-per-node 2 examples/ddp_train.py --backend mpi    # under mpiexec instead
 
-Importing colls_torch registers the ``colls`` backend with torch.distributed; after that,
-``init_process_group("colls")`` is all a script changes. Each rank trains on its own shard of a
-synthetic regression problem; DDP averages the gradients over colls, so every replica ends with
-the same weights (checked at the end).
+``import colls_torch as dist`` instead of ``import torch.distributed as dist`` is all a script
+changes: ``dist.init_process_group("gloo")`` makes colls' world torch's default group, so DDP,
+built without a ``process_group``, averages the gradients over colls. Each rank trains on its
+own shard of a synthetic regression problem; every replica ends with the same weights (checked
+at the end).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 
-import colls_torch  # noqa: F401  (registers the "colls" backend)
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 FEATURES, HIDDEN, OUTPUTS = 16, 32, 4
@@ -47,10 +47,14 @@ def batches(rank: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="colls", help="torch.distributed backend")
+    parser.add_argument("--face", choices=["colls", "torch"], default="colls",
+                        help="import colls_torch (default) or torch.distributed as dist")
+    parser.add_argument("--backend", default="gloo", help="init_process_group's backend")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps")
     args = parser.parse_args()
 
+    # The one line a port changes: import colls_torch as dist (torch.distributed to compare).
+    dist = importlib.import_module("colls_torch" if args.face == "colls" else "torch.distributed")
     dist.init_process_group(args.backend)  # env:// as set by colls-run / torchrun
     rank, size = dist.get_rank(), dist.get_world_size()
     model = DDP(make_model())
@@ -72,7 +76,8 @@ def main() -> None:
         raise SystemExit(f"replicas diverged: {[s.item() for s in sums]}")
     if rank == 0:
         print(f"{size} replicas identical after {args.steps} steps over "
-              f"{dist.get_backend()} (weight checksum {checksum.item():.6f})", flush=True)
+              f"{torch.distributed.get_backend()} (weight checksum {checksum.item():.6f})",
+              flush=True)
     dist.destroy_process_group()
 
 

@@ -24,12 +24,12 @@ CHECKSUM = re.compile(rf"2 replicas identical after {STEPS} steps over (\w+) "
                       r"\(weight checksum (\S+)\)")
 
 
-def _example_in_process(rank: int, size: int, backend: str) -> str:
+def _example_in_process(rank: int, size: int, face: str) -> str:
     """Run the example's main() in this (forked) process; return what it printed."""
     spec = importlib.util.spec_from_file_location("ddp_train", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sys.argv = [str(EXAMPLE), "--steps", str(STEPS), "--backend", backend]
+    sys.argv = [str(EXAMPLE), "--steps", str(STEPS), "--face", face]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         module.main()
@@ -48,5 +48,5 @@ def test_ddp_example_under_colls_run_matches_gloo():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     colls_run = CHECKSUM.search(proc.stdout)
     assert colls_run and colls_run.group(1) == "colls", proc.stdout + proc.stderr
-    gloo = CHECKSUM.search(run_fresh(_example_in_process, 2, "gloo")[0])
-    assert gloo and gloo.group(2) == colls_run.group(2)
+    gloo = CHECKSUM.search(run_fresh(_example_in_process, 2, "torch")[0])
+    assert gloo and gloo.group(1) == "gloo" and gloo.group(2) == colls_run.group(2)
