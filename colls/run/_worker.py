@@ -85,12 +85,14 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
 def _record_failure(exc: Exception, is_module: bool) -> int:
     """Print ``exc`` as Python would, write it to the error file, and return the exit code."""
     tb = _user_traceback(exc.__traceback__)
+    printed = False
     if tb is None and is_module and isinstance(exc, ImportError):
         # runpy could not find the module: Python prints one line, not a traceback.
         print(f"{sys.executable}: {exc}", file=sys.stderr)
     else:
         # The default hook prints exc.__traceback__ when set, so trim it on the exception itself.
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        printed = True  # by the hook (Python's, or one chained to it as colls' are)
     path = os.environ.get(ERROR_FILE_VAR)
     if path:
         import traceback
@@ -99,7 +101,7 @@ def _record_failure(exc: Exception, is_module: bool) -> int:
 
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         try:
-            write_error_file(path, exc, text)
+            write_error_file(path, exc, text, printed=printed)
         except OSError as write_exc:
             print(f"colls-run: cannot write error file {path!r}: {write_exc}", file=sys.stderr)
     return EXIT_EXCEPTION

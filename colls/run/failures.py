@@ -38,12 +38,15 @@ class ErrorRecord:
         exc_type: Qualified name of the exception type, "" when unknown.
         message: ``str(exception)``, "" when unknown.
         timestamp: Seconds since the epoch when the error was recorded, None when unknown.
+        printed: The worker printed this traceback itself (colls-run's own wrapper does), so
+            the report names the exception and points to it instead of printing it again.
     """
 
     traceback: str
     exc_type: str = ""
     message: str = ""
     timestamp: float | None = None
+    printed: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,13 @@ class WorkerOutcome:
     error: ErrorRecord | None = None
 
 
-def write_error_file(path: str, exc: BaseException, traceback_text: str) -> None:
+def write_error_file(path: str, exc: BaseException, traceback_text: str, *,
+                     printed: bool = False) -> None:
     """Write ``exc`` and its formatted traceback to ``path`` as JSON, atomically.
 
     The header records the rank and local rank from the environment (RANK, LOCAL_RANK), the pid,
-    the exception type and message, and the time.
+    the exception type and message, the time, and whether the worker ``printed`` the traceback
+    already (then the launcher's report does not repeat it).
     """
     exc_type = type(exc)
     qualname = exc_type.__qualname__
@@ -89,6 +94,7 @@ def write_error_file(path: str, exc: BaseException, traceback_text: str) -> None
         "message": str(exc),
         "timestamp": time.time(),
         "traceback": traceback_text,
+        "printed": printed,
     }
     tmp_path = f"{path}.tmp{os.getpid()}"
     with open(tmp_path, "w", encoding="utf-8") as f:
@@ -128,6 +134,7 @@ def read_error_file(path: str) -> ErrorRecord | None:
             exc_type=str(data.get("exc_type", "")),
             message=str(data.get("message", "")),
             timestamp=_as_float(data.get("timestamp")),
+            printed=data.get("printed") is True,
         )
     message = data.get("message")
     if isinstance(message, dict):  # torch.distributed.elastic's @record layout
@@ -223,7 +230,12 @@ def format_root_cause(first: WorkerOutcome, others: list[WorkerOutcome]) -> str:
     else:
         headline = f"{PREFIX} {_who(first)} failed first with exit code {first.returncode}"
     lines = [headline]
-    if first.error is not None:
+    if first.error is not None and first.error.printed:
+        # One traceback per rank: the worker printed its own above; name the exception only.
+        last = first.error.traceback.rstrip("\n").rsplit("\n", 1)[-1]
+        lines.append(f"{PREFIX} rank {first.rank} raised {last}")
+        lines.append(f"{PREFIX} (its traceback is above, in its output)")
+    elif first.error is not None:
         lines.append(f"{PREFIX} traceback of rank {first.rank} (from its error file):")
         lines.append(first.error.traceback.rstrip("\n"))
     else:

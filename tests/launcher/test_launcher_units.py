@@ -290,6 +290,19 @@ def test_root_cause_report_names_first_failure_and_the_others():
     )
 
 
+def test_a_traceback_the_worker_printed_is_not_printed_again():
+    # One traceback per rank (issue 32): the report names the exception and points above.
+    first = WorkerOutcome(1, 1, 41, 1, error=ErrorRecord(
+        "Traceback (most recent call last):\n  File ...\nValueError: boom\n", printed=True))
+    report = format_root_cause(first, [])
+    assert report == (
+        "colls-run: rank 1 (local rank 1, pid 41) failed first with exit code 1\n"
+        "colls-run: rank 1 raised ValueError: boom\n"
+        "colls-run: (its traceback is above, in its output)\n"
+    )
+    assert "Traceback" not in report
+
+
 # --- the worker wrapper on its own ---------------------------------------------------------------
 
 
