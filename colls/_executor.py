@@ -28,6 +28,8 @@ from colls.work import Work
 
 _STOP = object()
 _TOKEN: Final = "idle"
+#: Marks the executors' worker threads (:func:`on_worker_thread`).
+_WORKER = threading.local()
 #: First and longest pause of a submitter waiting for an inline job to give the token back
 #: (seconds). Only a job queued from one thread while another runs one inline waits at all.
 _TOKEN_WAIT_FIRST_S: Final = 20e-6
@@ -124,6 +126,7 @@ class SerialExecutor:
         self._queue.put((job, work))
 
     def _loop(self) -> None:
+        _WORKER.active = True
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -134,6 +137,17 @@ class SerialExecutor:
                 self._pending -= 1
                 if self._pending == 0:
                     self.release_inline()  # the queue is empty: the group is idle again
+
+
+def on_worker_thread() -> bool:
+    """Return whether this thread is a group's worker thread, running queued (async) jobs.
+
+    A backend waiting for its peers there should not spin or yield the CPU in a loop: the
+    caller that queued the job is computing meanwhile (DDP's backward pass, say), and on a host
+    with no core to spare a spinning waiter takes cycles from it. An inline (synchronous) call
+    runs on the caller's own thread, which has nothing else to do.
+    """
+    return getattr(_WORKER, "active", False)
 
 
 def _execute(job: Callable[[], Any], work: Work) -> None:

@@ -97,6 +97,7 @@ from typing import Any
 
 import numpy as np
 
+from colls._executor import on_worker_thread
 from colls.backend import available_cores, every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
 from colls.fingerprint import describe_tag_conflict
@@ -468,7 +469,7 @@ class ShmGroup:
         else:
             return
         pending = [r for r in ranks if ctrls[r][_W_SEQ] < target]
-        if self._spin:
+        if self._spin and not on_worker_thread():  # as in _wait_native
             for _ in range(self._spin_iterations):
                 pending = [r for r in pending if ctrls[r][_W_SEQ] < target]
                 if not pending:
@@ -487,16 +488,20 @@ class ShmGroup:
         self._block(pending, target, what)
 
     def _wait_native(self, ranks: Sequence[int], target: int, what: str) -> None:
-        # threads of one process never spin nor yield (the budget is 0): straight to _block
-        budget = self._yield_budget if self._spin else 0.0
+        # Threads of one process never spin nor yield (the budget is 0): straight to _block. Nor
+        # does a group's worker thread: the caller computes meanwhile and needs the cores.
+        if not self._spin or on_worker_thread():
+            if self.native.poll(ranks, target, 0.0, 0.0) != 0:
+                self._block(list(ranks), target, what)
+            return
+        budget = self._yield_budget
         reached = self.native.poll(ranks, target, self._native_spin_seconds, budget)
         if reached == 0:
             return
         if reached == 1:
             self._yield_budget = min(YIELD_SECONDS_MAX, budget * 1.1)
             return
-        if self._spin:
-            self._yield_budget = max(self._yield_floor, budget / 2)
+        self._yield_budget = max(self._yield_floor, budget / 2)
         self._block(list(ranks), target, what)
 
     def _block(self, pending: list[int], target: int, what: str) -> None:
