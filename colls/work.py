@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, final
 
@@ -192,12 +193,44 @@ def all_done(works: list[Work], *, description: str) -> Work:
     return combined
 
 
+class _Driven(Completion):
+    """The future of a chained Work: waiting for it first waits for the inner operation's own
+    future, so that a backend whose futures do the work while waited for (tcp's receives poll
+    its shared-memory rings) is driven by the waiter, instead of the waiter blocking until the
+    backend's progress thread gets to it (a staged receive of a strided halo column: about 0.7
+    ms per message, against 25 us)."""
+
+    def __init__(self, inner: concurrent.futures.Future[Any]) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def _drive(self, timeout: float | None) -> float | None:
+        """Wait for the inner future (at most ``timeout``); return the time left."""
+        if self.done() or self._inner.done():
+            return timeout
+        start = time.monotonic()
+        try:
+            self._inner.exception(timeout)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass  # the wait below reports it
+        return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the inner operation, then for the step after it; return the value."""
+        return super().result(self._drive(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait for the inner operation, then for the step after it; return its failure."""
+        return super().exception(self._drive(timeout))
+
+
 def chain(work: Work, after: Callable[[Any], Any]) -> Work:
     """Return a Work that completes with ``after(result)`` once ``work`` has succeeded.
 
     A failure of ``work`` (or of ``after``) fails the returned Work; nothing is swallowed.
     """
-    chained = Work(description=work.description, default_timeout=work.default_timeout)
+    chained = Work(_Driven(work.get_future()), description=work.description,
+                   default_timeout=work.default_timeout)
     chained._fence = work._fence  # ``after`` runs on the host: the device work is ``work``'s
 
     def _done(inner: Work) -> None:

@@ -77,6 +77,12 @@ typedef struct {
  * socket messages sent before it. Entries start on 8-byte boundaries. */
 #define ENTRY_BYTES 24
 #define RING_SKIP (-1)
+/* Placement (shm_p2p.py, "Placement", has the same rule): an entry of at most RING_SMALL_BYTES
+ * of payload stays within the first RING_SMALL_SPAN bytes of the ring, and a writer that finds
+ * the ring empty starts again at its beginning, so the pages past the span are only ever
+ * touched by large messages. */
+#define RING_SMALL_BYTES (16 * 1024)
+#define RING_SMALL_SPAN (64 * 1024)
 
 static void release_buffers(SyncObject *self) {
     if (self->bufs != NULL) {
@@ -566,7 +572,8 @@ static Py_ssize_t ring_call(SyncObject *self, PyObject *const *args, Py_ssize_t 
 
 PyDoc_STRVAR(ring_put_doc, "ring_put(peer, payload, tag, sockets_before) -> int\n\n"
              "Write one entry into this rank's ring to host rank ``peer`` and publish it:\n"
-             "0 if it does not fit (too large, or the ring is full: the caller uses the socket),\n"
+             "0 if it does not fit (more than half the ring, or the ring is full: the caller sends\n"
+             "another way),\n"
              "1 written, 2 written and a thread of the peer sleeps (the caller wakes it).");
 
 static PyObject *Sync_ring_put(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -581,7 +588,7 @@ static PyObject *Sync_ring_put(SyncObject *self, PyObject *const *args, Py_ssize
     }
     int64_t nbytes = (int64_t)src.len;
     int64_t ring_bytes = (int64_t)self->ring_bytes;
-    if (nbytes > ring_bytes / 4) {
+    if (nbytes > ring_bytes / 2) {
         PyBuffer_Release(&src);
         return PyLong_FromLong(0);
     }
@@ -592,8 +599,14 @@ static PyObject *Sync_ring_put(SyncObject *self, PyObject *const *args, Py_ssize
     int64_t head = mine[0]; /* this rank alone writes it */
     int64_t pos = head % ring_bytes;
     int64_t left = ring_bytes - pos;
-    int64_t waste = left < size ? left : 0;
-    if (head + waste + size - load_acquire(&theirs[1]) > ring_bytes) {
+    int64_t consumed = load_acquire(&theirs[1]);
+    int64_t waste = 0;
+    if (left < size || (pos && nbytes <= RING_SMALL_BYTES && pos + size > RING_SMALL_SPAN)) {
+        waste = left;
+    } else if (pos && head == consumed && size <= pos) {
+        waste = left; /* empty: start again at the beginning (the wrap marker stays intact) */
+    }
+    if (head + waste + size - consumed > ring_bytes) {
         PyBuffer_Release(&src);
         return PyLong_FromLong(0);
     }

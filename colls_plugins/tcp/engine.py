@@ -89,6 +89,7 @@ from colls_plugins.tcp.shm import SPIN_ITERATION_SECONDS
 from colls_plugins.tcp.shm_p2p import (
     DRIVEN_TICK_SECONDS,
     INLINE_MAX_BYTES,
+    SMALL_BYTES,
     TICK_LINGER_SECONDS,
     TICK_SECONDS,
     YIELD_SECONDS,
@@ -97,6 +98,7 @@ from colls_plugins.tcp.shm_p2p import (
     PollingFuture,
     poll_briefly,
 )
+from colls_plugins.tcp.shm_remote import REMOTE_FLAG
 
 logger = logging.getLogger("colls.tcp")
 
@@ -119,6 +121,11 @@ DRAIN_CHUNK_BYTES = 1 << 20
 
 #: Seconds close() waits for the progress thread to exit.
 JOIN_TIMEOUT_SECONDS = 10.0
+
+#: How long a blocking send that a host peer reads from this rank's memory (shm_remote) polls
+#: for the peer's acknowledgement before it waits as a receive does (seconds): the peer copies
+#: a 1 MiB message in about 0.2 ms.
+REMOTE_SPIN_SECONDS = 0.0005
 
 #: How long a thread about to wait for a receive reads the sockets itself (seconds), and how
 #: many polls it makes between two ``sched_yield`` calls.
@@ -186,6 +193,9 @@ class Engine:
         self._long_sleep = False  # the progress thread sleeps without looking at the rings
         self._ring_post_at = 0.0  # when a receive a ring may complete was last posted
         self._drivers: set[PollingFuture] = set()  # receives whose waiter polls the rings now
+        # Channels with sends their peer is still to read from this rank's memory (shm_remote);
+        # changed under the channel's send_lock.
+        self._remote_channels: set[Channel] = set()
         if self._world_size == 1:
             return  # a group of one: local delivery only, no sockets, no thread
         self._wake_lock = threading.Lock()
@@ -217,8 +227,16 @@ class Engine:
         channel = self._channel_for(dst)
         if channel is not None:
             with channel.send_lock:  # the ring and the socket count stay in send order
-                if self._may_write_ring(dst) and channel.try_send(view, tag):
-                    return self._delivered
+                if self._may_write_ring(dst):
+                    if channel.try_send(view, tag):
+                        return self._delivered
+                    if view.nbytes > SMALL_BYTES and channel.remote_ready():  # large, or full
+                        work = self._remote_work(dst, tag)
+                        if channel.try_send_remote(view, tag, array, work):
+                            self._remote_channels.add(channel)
+                            if self._long_sleep:  # it ticks while remote sends are pending
+                                self._wake()
+                            return work
                 channel.sockets_sent += 1
                 return self._send_socket(self._send_work(dst, tag), view, dst, tag, array)
         work = self._send_work(dst, tag)
@@ -232,6 +250,30 @@ class Engine:
         ``dst`` gone."""
         peer = self._peers.get(dst)
         return self._refusal() is None and (peer is None or peer.dead is None)
+
+    def _remote_work(self, dst: int, tag: int) -> Work:
+        """The Work of a send the peer reads from this rank's memory (shm_remote): waiting for
+        it polls the rings (also for a message the peer sends this rank meanwhile) and the
+        acknowledgements."""
+        future = PollingFuture(self._poll_sends, self._shm_group, self._drivers)
+        return Work(future, description=f"tcp send to rank {dst} tag {tag}",
+                    default_timeout=self._timeout)
+
+    def _poll_sends(self) -> None:
+        """Poll the rings and complete the remote sends their receivers have read."""
+        self.poll_rings()
+        if self._remote_channels:
+            self._reap_remote()
+
+    def _reap_remote(self) -> None:
+        """Complete the remote sends (shm_remote) that their receivers have acknowledged."""
+        for channel in list(self._remote_channels):
+            with channel.send_lock:
+                done = channel.acknowledged()
+                if not channel.remote_sends:
+                    self._remote_channels.discard(channel)
+            for sent in done:
+                sent.work.set_result(None)
 
     def _send_work(self, dst: int, tag: int) -> Work:
         return Work(description=f"tcp send to rank {dst} tag {tag}", default_timeout=self._timeout)
@@ -351,8 +393,16 @@ class Engine:
                     if self._may_write_ring(dst) and channel.try_send(array, tag):
                         return
         work = self.isend(array, dst, tag)
-        if work is not self._delivered:
-            work.wait()
+        if work is self._delivered:
+            return
+        if channel is not None and self._remote_channels and self._shm_group.spin_iterations:
+            # A send the peer reads from this memory (shm_remote) ends when the peer has read
+            # it: while every rank has a core, look for that (and for the peer's own messages)
+            # without yielding first, as a blocking receive spins on the ring.
+            until = time.perf_counter() + REMOTE_SPIN_SECONDS
+            while not work.is_completed() and time.perf_counter() < until:
+                self._poll_sends()
+        work.wait()
 
     def recv(self, array: np.ndarray, src: int | None, tag: int) -> int:
         """Receive into a C-contiguous ``array`` from ``src`` (None: any); return the sender.
@@ -511,8 +561,10 @@ class Engine:
 
         An entry waits while socket messages sent before it are still to come. An entry no
         receive takes becomes unexpected; without ``force`` only while the unexpected bytes stay
-        under MAX_UNEXPECTED_BYTES (it waits in the ring otherwise, which bounds it). ``force``:
-        a receive is being posted, or a socket message behind these entries is being matched.
+        under MAX_UNEXPECTED_BYTES (it waits in the ring otherwise, which bounds it), unless a
+        receive from that rank is posted: the message it waits for may be behind this one (as
+        no socket message is held then). ``force``: a receive is being posted, or a socket
+        message behind these entries is being matched.
         Completions (op, source rank or exception) are appended to ``done`` for after the lock.
         """
         src = channel.rank
@@ -521,10 +573,15 @@ class Engine:
             if entry is None:
                 return
             tag, nbytes, before = entry
+            if before >= REMOTE_FLAG:  # a message to read from the sender's memory
+                if not self._drain_remote(channel, done, force, tag, nbytes,
+                                          before ^ REMOTE_FLAG):
+                    return
+                continue
             if before > self._arrivals.get(src, 0):
                 return
             op = self._table.match_arrival(src, tag)
-            if op is None and not force:
+            if op is None and not force and not self._table.awaits(src):
                 buffered = self._table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
                 if buffered > MAX_UNEXPECTED_BYTES:
                     return
@@ -546,6 +603,42 @@ class Engine:
                 done.append((op, src))
             payload.release()
             channel.pop(nbytes)
+
+    def _drain_remote(self, channel: Channel, done: list[tuple[RecvOp, Any]], force: bool,
+                      tag: int, entry_nbytes: int, before: int) -> bool:
+        """Move the remote entry next in ``channel`` into the match table, reading its message
+        from the sender's memory (shm_remote; lock held). False: it waits, as :meth:`_drain`
+        lets an entry wait."""
+        src = channel.rank
+        if before > self._arrivals.get(src, 0):
+            return False
+        address, nbytes, ticket = channel.remote_entry(entry_nbytes)
+        op = self._table.match_arrival(src, tag)
+        if op is None and not force and not self._table.awaits(src):
+            buffered = self._table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
+            if buffered > MAX_UNEXPECTED_BYTES:
+                return False
+        stale, conflict = self._tracker.on_arrival(src, tag, op is not None, self._table)
+        for stale_op in stale:
+            done.append((stale_op, BackendError(f"{stale_op.work.description}: {conflict}")))
+        if op is None:
+            message = self._table.add_unexpected(src, tag, nbytes)
+            failure = channel.read_remote(address, message.buffer)
+            if failure is None:
+                message.done = True
+            else:
+                self._table.discard(message)
+                logger.warning("tcp: rank %d dropped a message of %d bytes from rank %d: %s",
+                               self.rank, nbytes, src, failure)
+        elif op.view.nbytes != nbytes:
+            done.append((op, self._size_error(op, src, nbytes)))
+        else:
+            failure = channel.read_remote(address, op.view)
+            done.append((op, src if failure is None else NetworkError(
+                f"{op.work.description}: rank {src}: {failure}")))
+        channel.pop(entry_nbytes)
+        channel.acknowledge(ticket)
+        return True
 
     def poll_rings(self) -> bool:
         """Move what the host peers' rings hold into the match table (any thread).
@@ -645,7 +738,12 @@ class Engine:
         """Return why waiting for ``rank`` is pointless (closed, broken, peer lost), or None.
 
         Used by the shared-memory collectives, which learn of a dead peer from its connection.
+        They call it while they sleep, so it also moves ring entries into the match table: a
+        host peer blocked in a send this rank is to read from its memory (shm_remote) must not
+        wait for this rank's collective to end, which may need that peer.
         """
+        if self._channel_list:
+            self.poll_rings()
         refusal = self._refusal()
         if refusal is not None:
             return refusal
@@ -876,6 +974,8 @@ class Engine:
                     self._drop_half_open()
                 if self._host_peers:
                     self.poll_rings()
+                    if self._remote_channels:
+                        self._reap_remote()
         except BaseException as exc:  # never die silently: fail everything pending
             self._crash(exc)
 
@@ -891,7 +991,7 @@ class Engine:
             now = time.monotonic()
             with self._lock:  # caller threads post and take receives meanwhile
                 posted = self._table.posted_count()
-            if posted or now - self._ring_post_at < TICK_LINGER_SECONDS:
+            if posted or self._remote_channels or now - self._ring_post_at < TICK_LINGER_SECONDS:
                 self._long_sleep = False
                 # A ring entry wakes no one: look (rarely while a waiter polls the rings).
                 tick = DRIVEN_TICK_SECONDS if self._drivers else TICK_SECONDS
@@ -989,6 +1089,11 @@ class Engine:
         message may be behind this one on the stream (:meth:`_release_held` reads past held
         messages for the same reason). Called with the lock held.
         """
+        if nbytes == 0:
+            # Nothing to hold back, and a held message is released into a body read, where
+            # reading an empty body (recv_into of an empty view returns 0) looks like EOF: the
+            # connection was lost when the unexpected messages filled their budget.
+            return False
         if nbytes < HOLD_MIN_BYTES:
             buffered = self._table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
             if buffered <= MAX_UNEXPECTED_BYTES:
@@ -1234,12 +1339,14 @@ class Engine:
         if peer.dead is not None:
             return
         channel = self._channel_for(peer.rank)
+        unread: list[Any] = []
         if channel is not None:  # what it wrote into its ring before it left is delivered
             delivered: list[tuple[RecvOp, Any]] = []
             with self._lock:
                 if self._refusal() is None:
                     self._drain(channel, delivered, force=True)
             self._finish(delivered)
+            unread = self._unread_remote(channel, withdraw=False)
         error = NetworkError(
             f"tcp: connection to rank {peer.rank} ({peer.address}) lost: {cause}"
         )
@@ -1265,8 +1372,22 @@ class Engine:
         peer.reset_rx()
         log = logger.info if orderly else logger.warning
         log("tcp: rank %d: %s", self.rank, error)
-        for op in [*sends, *recvs]:
+        for op in [*sends, *recvs, *unread]:
             op.work.set_exception(error)
+
+    def _unread_remote(self, channel: Channel, *, withdraw: bool) -> list[Any]:
+        """Complete ``channel``'s remote sends its peer has read; remove and return the others
+        (their Works are to fail). ``withdraw``: tell the peer not to read them any more."""
+        with channel.send_lock:
+            read = channel.acknowledged()
+            unread = list(channel.remote_sends.values())
+            channel.remote_sends.clear()
+            self._remote_channels.discard(channel)
+            if unread and withdraw:
+                channel.withdraw()
+        for sent in read:
+            sent.work.set_result(None)
+        return unread
 
     def _rx_pending(self, peer: Peer) -> list[RecvOp]:
         """Return the receive ``peer``'s half-read message was for (lock held)."""
@@ -1287,6 +1408,8 @@ class Engine:
         self._incoming.clear()
         if self._mesh is not None:
             self._mesh.close()
+        for channel in list(self._channel_list):  # before their arrays may be freed
+            pending.extend(self._unread_remote(channel, withdraw=True))
         peers = self._links.snapshot()
         for peer in peers:
             with peer.send_lock:

@@ -22,11 +22,13 @@ rank ``q``::
     control page, int64 words written only by the owner:
       [0] magic   [1] token   [8] phase counter   [16] sleeping flag   [24 + s] stamp of slot s
       [17] threads blocked waiting for a point-to-point message   [18] p2p rings attached
+      [19] the owner's pid   [20] the owner's address of this segment (shm_remote)
       [64 + 8p] stamp of tiny message p (p = 0, 1)   [65 + 8p ... 71 + 8p] its payload (56 bytes)
       bytes from SENT_BYTES: byte q is 1 once the owner has written to its ring to host rank q
     pair control lines, one per host rank q (P2P_CTRL_BYTES each, the owner's own unused),
     together, padded to a page:
       [0] head: bytes written into the ring to q   [1] consumed: bytes read of q's ring to the owner
+      [2..7] large messages read from q's memory (:mod:`colls_plugins.tcp.shm_remote`)
     then one ring of messages per host rank q (P2P_RING_BYTES each)
 
 The control lines sit together, away from the rings: a rank's engine reads its own line to
@@ -101,7 +103,7 @@ from colls._executor import on_worker_thread
 from colls.backend import available_cores, every_rank_has_a_core
 from colls.errors import BackendError, CollsTimeoutError
 from colls.fingerprint import describe_tag_conflict
-from colls_plugins.tcp import shm_native
+from colls_plugins.tcp import shm_native, shm_remote
 
 logger = logging.getLogger("colls.tcp")
 
@@ -115,6 +117,8 @@ MIN_SLOT_BYTES = 4096
 SLOT_ALIGN = 64
 
 _MAGIC = 0x434F4C4C5353484D  # "COLLSSHM"
+#: The first word of every segment (shm_remote checks it to see that it can read a peer).
+SEGMENT_MAGIC = _MAGIC
 _W_MAGIC, _W_TOKEN, _W_SEQ, _W_SLEEP, _W_STAMP = 0, 1, 8, 16, 24  # int64 word offsets
 #: Values of the owner's ``_W_SLEEP`` word: ``AWAKE``, or ``SLEEPS_FOR + r`` while a thread of it
 #: sleeps until host rank ``r`` posts. A post wakes only the sleepers that wait for the poster
@@ -167,11 +171,14 @@ BLOCK_SLICE_MAX_SECONDS = 0.1
 #: Most wake-up datagrams one sleep reads. One is enough to wake; the rest only empty the queue,
 #: and any left over just end the next sleep early (a re-check, never a lost wake-up).
 WAKE_DRAIN_MAX = 8
-#: Bytes of the control line of each point-to-point pair (head and consumed; one cache line).
+#: Bytes of the control line of each point-to-point pair (head, consumed and shm_remote's words;
+#: one cache line).
 P2P_CTRL_BYTES = 64
-#: Bytes of the message ring to one host peer. Pages are only backed once written, so the area
-#: costs memory only for the pairs that exchange messages.
-P2P_RING_BYTES = 64 << 10
+#: Bytes of the message ring to one host peer: messages of up to half of it go through it
+#: (shm_p2p). Pages are only backed once written, so the area costs memory only for the pairs
+#: that exchange messages, and past its first 64 KiB only for those that exchange large ones
+#: (shm_p2p's placement rule).
+P2P_RING_BYTES = 2 << 20
 #: Seals every segment carries: its size can never change, nor its seals.
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -268,6 +275,7 @@ class Segment:
         seg = cls(mm, slot_bytes, fd, ranks)
         seg.ctrl[_W_TOKEN] = token
         seg.ctrl[_W_MAGIC] = _MAGIC
+        shm_remote.publish(seg.ctrl, mm)  # so a peer can read this process's memory (shm_remote)
         return seg
 
     @classmethod
@@ -379,6 +387,10 @@ class ShmGroup:
         # poll, not select: select() refuses a descriptor numbered 1024 or more (FD_SETSIZE),
         # which a process holding many connections (a store host at a thousand ranks) reaches.
         self._wake_poller = select.poll()
+        # A poll object polls in one thread at a time: threads that sleep while another does
+        # (two blocked sends, a send and a receive) use poll objects of their own.
+        self._poller_lock = threading.Lock()
+        self._pollers = threading.local()
         if wake_sock is not None:
             self._wake_poller.register(wake_sock, select.POLLIN)
         self._wake_addrs = wake_addrs
@@ -616,10 +628,27 @@ class ShmGroup:
         if sock is None:
             time.sleep(min(seconds, 0.0005))
             return
-        self._wake_poller.poll(seconds * 1000.0)
+        poller = self._wake_poller
+        if not self._poller_lock.acquire(blocking=False):
+            # Another thread of this process sleeps on it (a poll object refuses a second
+            # poll() at once): this one polls the socket through its own poll object.
+            poller = self._thread_poller()
+        try:
+            poller.poll(seconds * 1000.0)
+        finally:
+            if poller is self._wake_poller:
+                self._poller_lock.release()
         with contextlib.suppress(OSError):  # BlockingIOError: drained
             for _ in range(WAKE_DRAIN_MAX):
                 sock.recv(64)
+
+    def _thread_poller(self) -> select.poll:
+        """Return this thread's own poll object on the wake-up socket (made once)."""
+        poller = getattr(self._pollers, "poller", None)
+        if poller is None:
+            poller = self._pollers.poller = select.poll()
+            poller.register(self._wake_sock, select.POLLIN)
+        return poller
 
     def wait_all(self, target: int, what: str) -> None:
         """Wait until every peer has posted phase ``target``."""

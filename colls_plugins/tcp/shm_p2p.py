@@ -9,9 +9,12 @@ store of ``consumed``, so the sender never overwrites an entry being read).
 
 **What goes where.** A message of at most :data:`INLINE_MAX_BYTES` goes through the ring when the
 ring has room: one entry, a 24-byte header (tag, size, ``sockets_before``) and the payload, so
-an 8-byte message and its header share one cache line. Anything else (larger, or the ring is
-full because the receiver is behind) goes over the pair's TCP connection as before. A send
-through the ring is complete once written, so a sender never waits for the receiver.
+an 8-byte message and its header share one cache line. A larger one goes as a *remote entry*
+where the receiver can read the sender's memory: the entry names the array, and the receiver
+copies it from there straight into its receive buffer (:mod:`colls_plugins.tcp.shm_remote`).
+Anything else (the ring is full because the receiver is behind, no remote read) goes over the
+pair's TCP connection as before. A send through the ring is complete once written, so a sender
+never waits for the receiver; a remote one once the receiver has read it.
 
 **Order across the two transports.** MPI's rule is that two messages from one rank to another
 that both match a receive are received in send order. Each ring entry carries
@@ -58,10 +61,18 @@ from typing import Any
 import numpy as np
 
 from colls.completion import Completion
-from colls_plugins.tcp.shm import P2P_RING_BYTES, ShmGroup
+from colls_plugins.tcp import shm_remote
+from colls_plugins.tcp.shm import P2P_RING_BYTES, SEGMENT_MAGIC, ShmGroup
 
-#: Largest message that goes through the ring (a quarter of it, so a few queue up).
-INLINE_MAX_BYTES = P2P_RING_BYTES // 4
+#: Largest message that goes through the ring (half of it: one such message and small ones).
+INLINE_MAX_BYTES = P2P_RING_BYTES // 2
+#: Placement: an entry of at most SMALL_BYTES of payload stays within the first SMALL_SPAN bytes
+#: of the ring, and a writer that finds the ring empty starts again at its beginning (the
+#: compiled ``ring_put`` has the same rule). Pages are backed once written, so a pair that
+#: only exchanges small messages keeps using the same few pages, as with the 64 KiB rings of
+#: before; the rest of the ring is touched only by pairs that send large messages.
+SMALL_BYTES = 16 << 10
+SMALL_SPAN = 64 << 10
 
 #: Header of a ring entry: tag, payload bytes (SKIP: the rest of the ring is unused, start
 #: again at 0), socket messages the sender had sent to the receiver before this one.
@@ -130,6 +141,17 @@ def entry_bytes(nbytes: int) -> int:
 ATOMIC_RING_PUT = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
+class RemoteSend:
+    """A send the peer reads from this rank's memory: its Work, and the array kept alive."""
+
+    __slots__ = ("array", "nbytes", "work")
+
+    def __init__(self, work: Any, array: Any, nbytes: int) -> None:
+        self.work = work
+        self.array = array
+        self.nbytes = nbytes
+
+
 class Channel:
     """Both directions between this rank and one host peer: the ring to it and the ring from it.
 
@@ -162,6 +184,14 @@ class Channel:
         self.lock_free = self._native is not None and ATOMIC_RING_PUT
         self.sockets_sent = 0
         self._open = False  # the peer has attached its rings (seen once, then remembered)
+        # Messages read from this rank's memory by the peer (shm_remote), by ticket.
+        self.remote_sends: dict[int, RemoteSend] = {}
+        self._next_ticket = 0
+        self.remote_sent = 0  # how many went that way (the tests look)
+        peer_ctrl = group.segments[peer].ctrl
+        self._pid = int(peer_ctrl[shm_remote.W_PID])
+        if shm_remote.can_read(peer_ctrl, SEGMENT_MAGIC):  # the peer may then send that way
+            self._out_ctrl[shm_remote.W_CAN_READ] = 1
 
     @property
     def head(self) -> int:
@@ -192,12 +222,22 @@ class Channel:
             if written == 2:  # a thread of the peer sleeps
                 self._group.wake_peer(self._index)
             return written != 0
+        return self._put(data, nbytes, tag, self.sockets_sent)
+
+    def _put(self, data: memoryview | np.ndarray | bytes, nbytes: int, tag: int, before: int
+             ) -> bool:
+        """Write one entry in Python: :meth:`try_send`'s fallback (``send_lock`` held)."""
         size = entry_bytes(nbytes)
         head = self._out_ctrl[0]
         pos = head % P2P_RING_BYTES
         left = P2P_RING_BYTES - pos
-        waste = left if left < size else 0
-        if head + waste + size - self._in_ctrl[1] > P2P_RING_BYTES:
+        consumed = self._in_ctrl[1]
+        waste = 0
+        if left < size or (pos and nbytes <= SMALL_BYTES and pos + size > SMALL_SPAN):
+            waste = left
+        elif pos and head == consumed and size <= pos:
+            waste = left  # empty: start again at the beginning (the wrap marker stays intact)
+        if head + waste + size - consumed > P2P_RING_BYTES:
             return False  # the receiver is behind: the socket takes it (order kept by count)
         ring = self._out
         if waste:
@@ -205,12 +245,84 @@ class Channel:
                 ENTRY.pack_into(ring, pos, 0, SKIP, 0)
             head += waste
             pos = 0
-        ENTRY.pack_into(ring, pos, tag, nbytes, self.sockets_sent)
+        ENTRY.pack_into(ring, pos, tag, nbytes, before)
         if nbytes:
-            ring[pos + ENTRY.size : pos + ENTRY.size + nbytes] = _bytes_of(data)
+            ring[pos + ENTRY.size : pos + ENTRY.size + nbytes] = (
+                data if isinstance(data, bytes) else _bytes_of(data))
         self._out_ctrl[0] = head + size  # last: publishes the entry (TSO)
         self._group.p2p_wake(self._index)  # a system call only when a thread of it sleeps
         return True
+
+    # -- messages read from the sender's memory (shm_remote) ---------------------------------
+    def remote_ready(self) -> bool:
+        """Whether the peer has shown it can read this rank's memory (no lock needed)."""
+        return self._in_ctrl[shm_remote.W_CAN_READ] == 1
+
+    def try_send_remote(self, view: memoryview, tag: int, array: Any, work: Any) -> bool:
+        """Write a remote entry for ``view`` (more than a ring entry holds) if a ticket and the
+        ring have room; ``array`` stays referenced and ``work`` pending until the peer read it
+        (``send_lock`` held)."""
+        ticket = self._next_ticket
+        if ticket - shm_remote.ACK_SLOTS in self.remote_sends:
+            return False  # every acknowledgement word is in use: the socket takes it
+        if not self._open:
+            if not self._group.p2p_is_open(self._index):
+                return False
+            self._group.announce_sender(self._index)
+            self._open = True
+        payload = shm_remote.REMOTE.pack(shm_remote.address_of(view), view.nbytes, ticket)
+        self.remote_sends[ticket] = RemoteSend(work, array, view.nbytes)  # before it is visible
+        before = self.sockets_sent | shm_remote.REMOTE_FLAG
+        if self._native is not None:
+            written = self._native.ring_put(self._index, payload, tag, before)
+            if written == 2:
+                self._group.wake_peer(self._index)
+        else:
+            written = self._put(payload, len(payload), tag, before)
+        if not written:
+            del self.remote_sends[ticket]
+            return False
+        self._next_ticket = ticket + 1
+        self.remote_sent += 1
+        return True
+
+    def acknowledged(self) -> list[RemoteSend]:
+        """Remove and return the remote sends the peer has read (``send_lock`` held)."""
+        ctrl = self._in_ctrl
+        done = [t for t in self.remote_sends
+                if ctrl[shm_remote.W_ACK + t % shm_remote.ACK_SLOTS] == t + 1]
+        return [self.remote_sends.pop(t) for t in done]
+
+    def withdraw(self) -> None:
+        """Tell the peer that this rank's unread remote messages may no longer be read."""
+        self._out_ctrl[shm_remote.W_WITHDRAWN] = 1
+
+    def remote_entry(self, nbytes: int) -> tuple[int, int, int]:
+        """Return (address, bytes, ticket) of the remote entry :meth:`peek` returned."""
+        payload = self.payload(nbytes)
+        try:
+            return shm_remote.REMOTE.unpack_from(payload)
+        finally:
+            payload.release()
+
+    def read_remote(self, address: int, into: memoryview) -> str | None:
+        """Copy the peer's message at ``address`` into ``into``; return why not, or None.
+
+        Checked after the read: a peer that withdrew its messages (it closed) may have freed
+        the memory before or during the read.
+        """
+        try:
+            shm_remote.read(self._pid, address, into)
+        except OSError as exc:
+            return f"reading its message failed: {exc}"
+        if self._in_ctrl[shm_remote.W_WITHDRAWN]:
+            return "it closed its backend before its message was read"
+        return None
+
+    def acknowledge(self, ticket: int) -> None:
+        """Tell the peer that its remote message ``ticket`` was read (wakes it if it sleeps)."""
+        self._out_ctrl[shm_remote.W_ACK + ticket % shm_remote.ACK_SLOTS] = ticket + 1
+        self._group.p2p_wake(self._index)
 
     # -- receiving (engine lock held) ----------------------------------------------------------
     def has_news(self) -> bool:
@@ -412,5 +524,5 @@ class PollingFuture(Completion):
 
 __all__ = [
     "DRIVEN_TICK_SECONDS", "INLINE_MAX_BYTES", "TICK_LINGER_SECONDS", "TICK_SECONDS",
-    "YIELD_SECONDS", "Channel", "Channels", "PollingFuture", "poll_briefly",
+    "YIELD_SECONDS", "Channel", "Channels", "PollingFuture", "RemoteSend", "poll_briefly",
 ]
