@@ -142,9 +142,9 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "COLLS_TORCH_TRANSPORT", _parse_str, "tcp",
-            "Transport under torch.distributed's 'colls' backend "
-            "(torch.distributed.init_process_group(\"colls\"), registered by importing "
-            "colls_torch): tcp, mpi or any other colls backend; "
+            "Transport of colls' world when torch.distributed's 'colls' backend creates it "
+            "(torch.distributed.init_process_group(\"colls\")): tcp, mpi or any other colls "
+            "backend; groups torch makes later use the world's backend; "
             "pg_options={'transport': ...} overrides it per group.",
         ),
         Setting(

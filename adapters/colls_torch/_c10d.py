@@ -15,8 +15,8 @@ torch's default group, or a new colls group for any other group torch makes, ren
 through the store torch hands to the factory (wrapped in
 :class:`~colls_torch._stores.TorchStore`), so env://, tcp://, file://, torchrun and colls-run
 all work. The transport underneath a new group is a colls backend chosen by ``pg_options`` (a
-:class:`ProcessGroupColls.Options` or ``{"transport": "mpi"}``), else by
-``COLLS_TORCH_TRANSPORT`` (default tcp). Group ranks given by torch (``opts.rootRank``,
+:class:`ProcessGroupColls.Options` or ``{"transport": "mpi"}``), else the world's backend, else
+(when the group is the world) ``COLLS_TORCH_TRANSPORT`` (default tcp). Group ranks given by torch (``opts.rootRank``,
 ``dstRank``) are group ranks, and every call passes them as such (``group_src``/``group_dst``).
 """
 
@@ -63,8 +63,8 @@ class CollsOptions:
     """Per-group options of the ``colls`` backend (``pg_options=`` of init/new_group).
 
     Attributes:
-        transport: the colls backend underneath ("tcp", "mpi" or a plugin's); None reads
-            ``COLLS_TORCH_TRANSPORT``.
+        transport: the colls backend underneath ("tcp", "mpi" or a plugin's); None: the
+            backend of colls' world, or ``COLLS_TORCH_TRANSPORT`` when this group creates it.
         extra: backend-specific options passed to the colls backend.
     """
 
@@ -130,6 +130,9 @@ class ProcessGroupColls(_dist.ProcessGroup):
         #: How many calls torch (or a library through it) ran on this group: the evidence that
         #: torch's traffic goes through colls.
         self.calls_run = 0
+        #: The torch Store torch was given for this group's world, kept alive here
+        #: (:func:`colls_torch._world.adopt_world`).
+        self.store_for_torch: Any = None
         _LIVE_GROUPS.add(self)
 
     @property
@@ -477,7 +480,12 @@ def _colls_group(store: Any, rank: int, size: int, timeout: float, group_name: s
     """
     if options.group is not None:
         return options.group, True
-    transport = options.transport or env.get("COLLS_TORCH_TRANSPORT") or "tcp"
+    world = REGISTRY.default
+    # A group torch makes in colls' world moves data as the world does (torch's own groups
+    # inherit the default backend too); COLLS_TORCH_TRANSPORT picks the world's transport when
+    # torch's init_process_group("colls") creates it.
+    transport = options.transport or (
+        world.backend_name if world is not None else env.get("COLLS_TORCH_TRANSPORT"))
     colls_store = as_colls_store(store)
     if not _dist.is_initialized():
         if not colls.is_initialized():

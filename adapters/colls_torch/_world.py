@@ -119,12 +119,18 @@ def adopt_world(world: ProcessGroup, world_store: Store, requested: str,
             stacklevel=3,
         )
         return None
+    store = torch_store_of(world_store)
     _dist.init_process_group(
         BACKEND_NAME, timeout=timeout or datetime.timedelta(seconds=world.timeout),
-        world_size=world.size, rank=world.rank, store=torch_store_of(world_store),
+        world_size=world.size, rank=world.rank, store=store,
         pg_options=CollsOptions(group=world, requested_backend=requested),
     )
-    return torch_world()
+    pg = torch_world()
+    assert pg is not None
+    # torch keeps the store behind its own C++ PrefixStores only: a Python Store whose Python
+    # object dies loses its methods ("Not implemented"), so the world group holds it.
+    pg.store_for_torch = store
+    return pg
 
 
 def torch_world() -> ProcessGroupColls | None:

@@ -34,9 +34,32 @@ def main() -> None:
         got = torch.zeros(4)
         assert dist.recv(got) == 0 and torch.equal(got, torch.arange(4.0))
     assert str(dist.get_backend()) == "mpi"
+    checks += one_world_groups(rank, size)
     dist.barrier()
     dist.destroy_process_group()
     print(f"OK {rank} {checks + 3}", flush=True)
+
+
+def one_world_groups(rank: int, size: int) -> int:
+    """Groups torch makes itself (its new_group, DeviceMesh) in colls' world move data over mpi.
+
+    No MASTER_ADDR here: colls' world store is local to the process, so a group that
+    rendezvoused over tcp would hang; the world's backend needs no rendezvous.
+    """
+    import torch.distributed as T
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert T.is_initialized() and T.get_backend() == "colls"
+    pair = T.new_group([0, 1])
+    t = torch.full((2,), float(rank + 1))
+    T.all_reduce(t, group=pair)
+    if rank in (0, 1):
+        assert t.tolist() == [3.0, 3.0] and pair.transport == "mpi", (t, pair)
+    mesh = init_device_mesh("cpu", (size,))
+    m = torch.full((1,), float(rank))
+    T.all_reduce(m, group=mesh.get_group())
+    assert m.item() == size * (size - 1) / 2
+    return 2
 
 
 if __name__ == "__main__":
