@@ -23,7 +23,9 @@ the import ask a producer for its device once.
 
 In-place collectives pass ``writable=True``: a read-only array (a JAX array, a read-only NumPy
 view) is refused with a TypeError that points at ``colls.functional``. A non-contiguous array is
-staged through a contiguous copy; :meth:`Buffer.write_back` copies results into the original view.
+staged through a contiguous copy (an uninitialised buffer for a receive, whose old contents are
+never read: :data:`WRITE_ONLY_OPS`); :meth:`Buffer.write_back` copies results into the original
+view.
 """
 
 from __future__ import annotations
@@ -103,6 +105,12 @@ class Buffer:
             _module_of(self._view).copyto(self._view, self.array.reshape(self.shape))
 
 
+#: Operations whose array argument is only written, never read (a receive): a non-contiguous one
+#: is staged through an uninitialised buffer, not a copy of its old contents (a strided halo
+#: column is then gathered once, on the sending side, as a user packing by hand does).
+WRITE_ONLY_OPS = frozenset({"irecv", "recv"})
+
+
 def _on_rank(rank: int | None) -> str:
     return "" if rank is None else f" on rank {rank}"
 
@@ -147,7 +155,11 @@ def _wrap(
     shape = tuple(view.shape)
     if flags.c_contiguous:
         return Buffer(obj, view if view.ndim == 1 else view.reshape(-1), dtype, shape, device)
-    staging = _module_of(view).ascontiguousarray(view).reshape(-1)
+    module = _module_of(view)
+    if writable and op in WRITE_ONLY_OPS:  # its contents are never read: no copy in
+        staging = module.empty(view.shape, view.dtype).reshape(-1)
+    else:
+        staging = module.ascontiguousarray(view).reshape(-1)
     # Only an argument the collective writes needs writing back; a read-only one is just copied.
     return Buffer(obj, staging, dtype, shape, device, writable, view if writable else None)
 
