@@ -10,9 +10,11 @@ under torchrun. Three configurations per process count, run one after the other:
 * ``alone``: the same forward, backward and optimizer step without DDP, every process computing
   at once: the floor a step with communication is compared against.
 
-Each configuration reports the median step time over ``--steps`` steps after ``--warmup``;
-the table gives the ratios (gloo / colls: how many times faster colls is; colls / alone: what
-communication adds).
+Each configuration reports the median step time over ``--steps`` steps after ``--warmup``, and
+the CPU time rank 0's process used per step (every thread: on a host where the processes fill
+every core, CPU time is what a step costs, and it is less disturbed by other load than the wall
+clock); the table gives the ratios (gloo / colls: how many times faster colls is; colls / alone:
+what communication adds).
 
     python benchmarks/bench_ddp.py                      # 2 and 4 processes
     python benchmarks/bench_ddp.py --nproc 2 --steps 10
@@ -61,19 +63,20 @@ def worker(config: str, steps: int, warmup: int, out: str) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(BATCH, WIDTH, generator=gen), torch.randn(BATCH, WIDTH, generator=gen)
-    times = []
+    times, cpu = [], []
     for step in range(warmup + steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         loss = torch.nn.functional.mse_loss(net(x), y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         opt.step()
         if step >= warmup:
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
     if config != "alone":
         dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(json.dumps(times))
+        Path(out).write_text(json.dumps({"wall": times, "cpu": cpu}))
 
 
 def free_port() -> int:
@@ -82,8 +85,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(config: str, nproc: int, steps: int, warmup: int) -> float:
-    """Return the median step time (seconds) of ``config`` on ``nproc`` processes."""
+def run(config: str, nproc: int, steps: int, warmup: int) -> tuple[float, float]:
+    """Return the median step time and CPU time (seconds) of ``config`` on ``nproc`` processes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "times.json")
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
@@ -92,7 +95,8 @@ def run(config: str, nproc: int, steps: int, warmup: int) -> float:
                    "--out", out]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         subprocess.run(command, check=True, env=env, timeout=900, capture_output=True)
-        return statistics.median(json.loads(Path(out).read_text()))
+        figures = json.loads(Path(out).read_text())
+        return statistics.median(figures["wall"]), statistics.median(figures["cpu"])
 
 
 def main() -> None:
@@ -110,15 +114,17 @@ def main() -> None:
     params = LAYERS * (WIDTH * WIDTH + WIDTH)
     print(f"DDP step, MLP of {params / 1e6:.1f}M float32 parameters, batch {BATCH}, "
           f"1 thread per process; median of {args.steps} steps after {args.warmup}")
-    print(f"{'procs':>5} {'gloo ms':>9} {'colls ms':>9} {'alone ms':>9} "
+    print(f"{'procs':>5} {'':>6} {'gloo ms':>9} {'colls ms':>9} {'alone ms':>9} "
           f"{'gloo/colls':>11} {'colls/alone':>12}")
     figures = []
     for nproc in args.nproc:
-        ms = {config: 1e3 * run(config, nproc, args.steps, args.warmup) for config in CONFIGS}
-        figures.append({"nproc": nproc, **ms})
-        print(f"{nproc:>5} {ms['gloo']:>9.1f} {ms['colls']:>9.1f} {ms['alone']:>9.1f} "
-              f"{ms['gloo'] / ms['colls']:>10.2f}x {ms['colls'] / ms['alone']:>11.2f}x",
-              flush=True)
+        measured = {config: run(config, nproc, args.steps, args.warmup) for config in CONFIGS}
+        for index, kind in enumerate(("wall", "cpu")):
+            ms = {config: 1e3 * measured[config][index] for config in CONFIGS}
+            figures.append({"nproc": nproc, "kind": kind, **ms})
+            print(f"{nproc:>5} {kind:>6} {ms['gloo']:>9.1f} {ms['colls']:>9.1f} "
+                  f"{ms['alone']:>9.1f} {ms['gloo'] / ms['colls']:>10.2f}x "
+                  f"{ms['colls'] / ms['alone']:>11.2f}x", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
 
