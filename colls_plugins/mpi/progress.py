@@ -35,6 +35,10 @@ FIRST_LOOK: Final = 100e-6
 #: First and longest sleep between polls while requests are pending (seconds).
 MIN_SLEEP: Final = 20e-6
 MAX_SLEEP: Final = 1e-3
+#: Seconds the thread keeps looking for new requests every MAX_SLEEP after the last one
+#: completed, before it sleeps until woken: a program exchanging messages in a loop is not
+#: woken per message (each wake-up took the GIL from the caller), an idle one costs nothing.
+LINGER_S: Final = 0.5
 #: How long close() waits for the thread to leave MPI.
 JOIN_TIMEOUT: Final = 5.0
 #: A thread that waits on a request tests it back to back this many times, then yields the CPU
@@ -113,12 +117,16 @@ class DrivenFuture(concurrent.futures.Future[Any]):
 
     Args:
         new_status: makes an ``MPI.Status`` for the waiting thread.
+        spin_tests: tests made back to back before the waiter yields the CPU between tests
+            (the backend's: more when every rank has a core of its own, as for collectives).
     """
 
-    def __init__(self, new_status: Callable[[], Any]) -> None:
+    def __init__(self, new_status: Callable[[], Any], spin_tests: int = YIELD_AFTER_TESTS
+                 ) -> None:
         super().__init__()
         self.item: Pending | None = None
         self._new_status = new_status
+        self._spin_tests = spin_tests
 
     def result(self, timeout: float | None = None) -> Any:
         """Drive the request for a while, then wait for the result as a Future does."""
@@ -130,13 +138,16 @@ class DrivenFuture(concurrent.futures.Future[Any]):
         status = self._new_status()
         tests = 0
         item.driven = True  # the progress thread backs off meanwhile: no fight over the GIL
+        spin = self._spin_tests
         try:
-            while not self.done() and not test_once(item, status):
+            # test_once is True once the request is done, whoever saw it (item.done): no
+            # Future lock per test, and the clock read only while yielding.
+            while not test_once(item, status):
                 tests += 1
-                if tests > YIELD_AFTER_TESTS:
+                if tests > spin:
                     os.sched_yield()
-                if time.monotonic() - start > limit:
-                    break
+                    if time.monotonic() - start > limit:
+                        break
         finally:
             item.driven = False
         remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
@@ -158,6 +169,8 @@ class Progress:
         self._incoming: list[Pending] = []
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: Whether the thread waits without a timeout (idle for LINGER_S): add() must wake it.
+        self._deep_sleep = False
 
     def add(self, item: Pending) -> None:
         """Hand a posted request to the thread.
@@ -174,7 +187,10 @@ class Progress:
                     target=self._loop, name=f"colls-mpi-progress-{self._name}", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif self._deep_sleep:
+                self._cond.notify()
+            # Else the thread naps and looks within MAX_SLEEP: waking it for every message
+            # made it take the GIL from the caller, who usually drives the request itself.
 
     def close(self, reason: str) -> list[Pending]:
         """Stop the thread; return the requests still pending (their Works are failed).
@@ -197,10 +213,19 @@ class Progress:
         status = self._new_status()
         active: list[Pending] = []
         sleep = MIN_SLEEP
+        idle_since = time.monotonic()
         while True:
             with self._cond:
                 while not active and not self._incoming and not self._closed:
-                    self._cond.wait()
+                    if time.monotonic() - idle_since < LINGER_S:
+                        self._cond.wait(MAX_SLEEP)  # light sleep: add() does not notify
+                        continue
+                    self._deep_sleep = True
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._deep_sleep = False
+                    idle_since = time.monotonic()
                 if self._closed:
                     self._incoming[:0] = active  # close() fails them
                     return
@@ -216,6 +241,8 @@ class Progress:
             if active:
                 self._nap(sleep)
                 sleep = min(sleep * 2, MAX_SLEEP)
+            else:
+                idle_since = time.monotonic()
 
     def _nap(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early when a request is added or the thread must stop."""

@@ -117,3 +117,36 @@ def across_hosts_check(rank: int, world_size: int) -> dict[str, Any]:
     out["after_value"] = ok.tolist()
     colls.destroy_process_group(group)
     return out
+
+
+def blocking_p2p(rank: int, world_size: int) -> dict[str, Any]:
+    """Blocking send/recv run on the caller's thread: sizes from 8 B to beyond the eager limit,
+    any source, a wrong size, and a receive nobody answers (the group timeout applies)."""
+    from colls_plugins.mpi import backend as mpi_backend
+
+    out: dict[str, Any] = {"sizes": []}
+    peer = 1 - rank
+    for nbytes in (8, 8 << 10, 32 << 10, 4 << 20):
+        data = np.full(nbytes // 8, float(nbytes + rank))
+        got = np.empty_like(data)
+        if rank == 0:
+            colls.send(data, dst=peer, tag=3)
+            sender = colls.recv(got, src=peer, tag=3)
+        else:
+            sender = colls.recv(got, src=None, tag=3)
+            colls.send(data, dst=peer, tag=3)
+        out["sizes"].append([nbytes, sender, bool(np.all(got == nbytes + peer))])
+    # a message of another size fails the receive, naming both sizes
+    if rank == 0:
+        colls.send(np.ones(3), dst=1, tag=4)
+    else:
+        out["size"] = _outcome(lambda: colls.recv(np.ones(2), src=0, tag=4))
+    colls.barrier()
+    # nobody sends: the blocking receive ends at the group's timeout (2 s here), naming the peer
+    if rank == 1:
+        out["late"] = _outcome(lambda: colls.recv(np.ones(1), src=0, tag=9))
+        assert mpi_backend._abandoned  # the cancelled receive's buffer is kept for MPI
+    else:
+        time.sleep(3.0)  # past rank 1's timeout, so that the barrier below does not time out
+    colls.barrier()
+    return out

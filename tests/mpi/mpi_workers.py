@@ -371,6 +371,7 @@ def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
     import types
 
     from colls import dtypes
+    from colls.fingerprint import collective_tag
     from colls.reduce_ops import resolve_op
 
     class FakeDeviceArray:
@@ -402,9 +403,12 @@ def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
         backend = _backend()
         spec = resolve_op(ReduceOp.SUM, dtypes.FLOAT32, op_name="all_reduce")
         data = FakeDeviceArray(np.full(3, rank + 1, dtype=np.float32))
-        backend.all_reduce(data, spec, -1)
+        # Collective tags as the core makes them: sequence numbers 0, 1, 2 (the mpi backend
+        # checks across ranks that each collective's tag agrees, slot by sequence number).
+        tags = [collective_tag(seq, 0) for seq in range(3)]
+        backend.all_reduce(data, spec, tags[0])
         gathered = FakeDeviceArray(np.zeros(world_size, dtype=np.int64))
-        backend.all_gather(gathered, FakeDeviceArray(np.array([rank], dtype=np.int64)), -2)
+        backend.all_gather(gathered, FakeDeviceArray(np.array([rank], dtype=np.int64)), tags[1])
         peer = (rank + 1) % world_size
         incoming = FakeDeviceArray(np.zeros(2, dtype=np.int32))
         recv = backend.irecv(incoming, (rank - 1) % world_size, 11)
@@ -412,7 +416,7 @@ def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
         sender = recv.result()
         aware = FakeDeviceArray(np.full(2, rank + 1, dtype=np.float32))
         backend.cuda_aware = True  # reductions are staged all the same (not run on device memory)
-        backend.all_reduce(aware, spec, -3)
+        backend.all_reduce(aware, spec, tags[2])
         backend.cuda_aware = False
         return {"cuda_aware": backend.cuda_aware, "sum": data.get().tolist(),
                 "sum_when_aware": aware.get().tolist(),

@@ -87,3 +87,17 @@ def test_groups_across_hosts_check_before_any_data_moves() -> None:
         # nothing was started: the group stays usable
         assert got["after"]["error"] is None
         assert got["after_value"] == [2.0, 2.0]
+
+
+def test_blocking_send_and_recv_run_on_the_callers_thread_with_the_group_timeout() -> None:
+    outcomes = run_mpi(w.blocking_p2p, 2, timeout=60, group_timeout=2.0)
+    for rank, got in enumerate(outcomes):
+        assert got["sizes"] == [[n, 1 - rank, True] for n in (8, 8 << 10, 32 << 10, 4 << 20)]
+    size = outcomes[1]["size"]
+    assert size["error"] == "BackendError"
+    assert "the message from rank 0 is larger than the 16-byte receive buffer" in size["message"]
+    late = outcomes[1]["late"]
+    assert late["error"] == "CollsTimeoutError", late
+    assert "mpi recv from rank 0 with tag 9" in late["message"]
+    assert "did not complete within 2.0 s" in late["message"]
+    assert 1.5 < late["seconds"] < PROMPTLY
