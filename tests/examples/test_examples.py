@@ -47,3 +47,34 @@ def test_cg_poisson_matches_the_serial_solve_on_an_uneven_split() -> None:
     residual = float(re.search(r"\|b - Ax\|/\|b\| = (\S+),", line).group(1))
     error = float(re.search(r"/ max \|serial\| = (\S+),", line).group(1))
     assert residual < 1e-7 and error < 1e-9, line
+
+
+HEAT2D_LINE = re.compile(r"heat2d on 3 ranks \((\w+)\), 40x40, 20 steps: residual (\S+), "
+                         r"max \|distributed - serial\| = (\S+)")
+
+
+@pytest.mark.timeout(150)
+def test_heat2d_from_mpi4py_matches_the_serial_run_on_tcp_and_mpi() -> None:
+    """docs/mpi4py.md's example: halos with PROC_NULL boundaries, a scalar all_reduce."""
+    tcp = colls_run("--nproc-per-node", "3", "examples/heat2d.py", "--n", "40", "--steps", "20")
+    assert tcp.returncode == 0, tcp.stderr
+    found = HEAT2D_LINE.search(tcp.stdout)
+    assert found is not None, tcp.stdout
+    assert found.group(1) == "tcp" and float(found.group(3)) == 0.0
+    import importlib.util
+
+    from colls.testing.mpirun import find_mpiexec
+
+    mpiexec = find_mpiexec()
+    if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
+        pytest.skip("the mpi half needs mpi4py and mpiexec (pip install -e '.[mpi]')")
+    mpi = subprocess.run(
+        [mpiexec, "-n", "3", sys.executable, "examples/heat2d.py", "--backend", "mpi",
+         "--n", "40", "--steps", "20"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert mpi.returncode == 0, mpi.stderr
+    on_mpi = HEAT2D_LINE.search(mpi.stdout)
+    assert on_mpi is not None, mpi.stdout
+    assert on_mpi.group(1) == "mpi" and float(on_mpi.group(3)) == 0.0
+    assert on_mpi.group(2) == found.group(2)  # the same residual, to the last digit printed
