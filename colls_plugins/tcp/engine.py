@@ -88,7 +88,6 @@ from colls_plugins.tcp.connections import Connection, Incoming, Mesh, peer_name
 from colls_plugins.tcp.shm import SPIN_ITERATION_SECONDS
 from colls_plugins.tcp.shm_p2p import (
     DRIVEN_TICK_SECONDS,
-    INLINE_MAX_BYTES,
     SMALL_BYTES,
     TICK_LINGER_SECONDS,
     TICK_SECONDS,
@@ -186,6 +185,7 @@ class Engine:
         self._channel_maker: Channels | None = None
         self._channel_lock = threading.Lock()  # guards making channels (no other lock inside)
         self._shm_group: Any = None  # the host's ShmGroup once use_shm ran
+        self._inline_max = 0  # the largest message a ring entry holds, once use_shm ran
         self._arrivals: dict[int, int] = {}  # socket messages per rank that reached the table
         # What a send written into a ring returns: it is complete and can never fail, so one
         # finished Work serves them all (a new one costs a future and a lock per send).
@@ -384,7 +384,7 @@ class Engine:
         byte view: the compiled piece reads the array itself); anything else is :meth:`isend`.
         """
         channel = self._channel_for(dst)
-        if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
+        if channel is not None and array.nbytes <= channel.inline_max:
             if channel.lock_free:  # one compiled write (Channel says why no lock is needed)
                 if self._may_write_ring(dst) and channel.try_send(array, tag):
                     return
@@ -414,7 +414,7 @@ class Engine:
         message that is not there by then, goes through :meth:`irecv` and its rules.
         """
         channel = None if src is None or tag < 0 else self._channel_for(src)
-        if channel is not None and array.nbytes <= INLINE_MAX_BYTES:
+        if channel is not None and array.nbytes <= channel.inline_max:
             taken = self._try_take(channel, array, tag)  # already there: no poll loop
             if taken is None:
                 taken = self._await_ring(channel, array, tag)
@@ -498,6 +498,7 @@ class Engine:
             self._host_peers = frozenset(channels.ranks)
             self._silent = [(rank, channels.announced(rank)) for rank in channels.ranks]
             self._shm_group = channels.group
+            self._inline_max = channels.group.segments[channels.group.rank].ring_bytes // 2
         self._long_sleep = True  # the thread went to sleep before it had rings to look at
         # Only now may peers write into our rings: a socket message read before this point was
         # matched without looking at them (shm_p2p, "Order").
@@ -514,7 +515,7 @@ class Engine:
 
     def ring_serves(self, src: int | None, nbytes: int) -> bool:
         """Whether a user message of ``nbytes`` from ``src`` comes through a host peer's ring."""
-        return src is not None and nbytes <= INLINE_MAX_BYTES and src in self._host_peers
+        return src is not None and nbytes <= self._inline_max and src in self._host_peers
 
     def _rings_may_serve(self, src: int | None) -> bool:
         """Whether a receive from ``src`` (None: any rank) may take its message from a ring."""

@@ -29,7 +29,7 @@ rank ``q``::
     together, padded to a page:
       [0] head: bytes written into the ring to q   [1] consumed: bytes read of q's ring to the owner
       [2..7] large messages read from q's memory (:mod:`colls_plugins.tcp.shm_remote`)
-    then one ring of messages per host rank q (P2P_RING_BYTES each)
+    then one ring of messages per host rank q (p2p_ring_bytes(ranks) each)
 
 The control lines sit together, away from the rings: a rank's engine reads its own line to
 each host peer whenever it looks for news. Kept each at the head of its ring, they were one page
@@ -179,6 +179,17 @@ P2P_CTRL_BYTES = 64
 #: that exchange messages, and past its first 64 KiB only for those that exchange large ones
 #: (shm_p2p's placement rule).
 P2P_RING_BYTES = 2 << 20
+#: The ring on a host of more than LARGE_RINGS_MAX_RANKS ranks: there every pair may talk (an
+#: all_to_all), and a ring's pages stay backed once written, so 2 MiB rings could hold up to
+#: 2 MiB per pair and way (64 GiB at 256 ranks); messages past half of it are read from the
+#: sender's memory instead (shm_remote), which holds no shared memory.
+P2P_RING_BYTES_MANY = 64 << 10
+LARGE_RINGS_MAX_RANKS = 8
+
+
+def p2p_ring_bytes(ranks: int) -> int:
+    """Return the bytes of each point-to-point ring of a segment for a host of ``ranks``."""
+    return P2P_RING_BYTES if ranks <= LARGE_RINGS_MAX_RANKS else P2P_RING_BYTES_MANY
 #: Seals every segment carries: its size can never change, nor its seals.
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -209,6 +220,8 @@ class Segment:
         self.fd = fd
         self.slot_bytes = slot_bytes
         self.ranks = ranks
+        #: Bytes of each of its point-to-point rings.
+        self.ring_bytes = p2p_ring_bytes(ranks)
         self.ctrl = memoryview(mm)[:CTRL_BYTES].cast("q")
         self._typed: dict[tuple[int, np.dtype[Any]], np.ndarray] = {}
         self._pairs: dict[int, tuple[memoryview, memoryview]] = {}
@@ -239,11 +252,11 @@ class Segment:
                 raise IndexError(f"tcp shm: no pair area {q} (segment has {self.ranks})")
             ctrl_base, ring_base = self.pair_layout()
             ctrl = ctrl_base + q * P2P_CTRL_BYTES
-            ring = ring_base + q * P2P_RING_BYTES
+            ring = ring_base + q * self.ring_bytes
             raw = memoryview(self.mm)
             views = (
                 raw[ctrl : ctrl + P2P_CTRL_BYTES].cast("q"),
-                raw[ring : ring + P2P_RING_BYTES],
+                raw[ring : ring + self.ring_bytes],
             )
             raw.release()
             self._pairs[q] = views
@@ -258,7 +271,7 @@ class Segment:
     def size_for(slot_bytes: int, ranks: int = 0) -> int:
         """Return the bytes of a segment with slots of ``slot_bytes`` and ``ranks`` pair areas."""
         return (CTRL_BYTES + SLOTS * slot_bytes + _pair_ctrl_area(ranks)
-                + ranks * P2P_RING_BYTES)
+                + ranks * p2p_ring_bytes(ranks))
 
     @classmethod
     def create(cls, slot_bytes: int, token: int, ranks: int = 0) -> Segment:
@@ -424,7 +437,7 @@ class ShmGroup:
         self.native_rings = None
         if self.native is not None and all(seg.ranks == self.size for seg in segments):
             ctrl_base, ring_base = segments[0].pair_layout()
-            self.native.rings(ctrl_base, P2P_CTRL_BYTES, ring_base, P2P_RING_BYTES,
+            self.native.rings(ctrl_base, P2P_CTRL_BYTES, ring_base, segments[0].ring_bytes,
                               _W_P2P_SLEEP)
             self.native_rings = self.native
         if self.native is not None:

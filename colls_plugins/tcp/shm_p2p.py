@@ -64,7 +64,9 @@ from colls.completion import Completion
 from colls_plugins.tcp import shm_remote
 from colls_plugins.tcp.shm import P2P_RING_BYTES, SEGMENT_MAGIC, ShmGroup
 
-#: Largest message that goes through the ring (half of it: one such message and small ones).
+#: Largest message that goes through the ring (half of it: one such message and small ones), on
+#: a host of at most LARGE_RINGS_MAX_RANKS ranks (:func:`colls_plugins.tcp.shm.p2p_ring_bytes`;
+#: a channel's own limit is :attr:`Channel.inline_max`).
 INLINE_MAX_BYTES = P2P_RING_BYTES // 2
 #: Placement: an entry of at most SMALL_BYTES of payload stays within the first SMALL_SPAN bytes
 #: of the ring, and a writer that finds the ring empty starts again at its beginning (the
@@ -177,6 +179,9 @@ class Channel:
         self._out_ctrl, self._out = group.segments[me].pair(peer)
         # [0] its head to me, [1] what it consumed of mine; and the ring it writes
         self._in_ctrl, self._in = group.segments[peer].pair(me)
+        self._ring_bytes = group.segments[me].ring_bytes
+        #: Largest message that goes through the ring: half of it.
+        self.inline_max = self._ring_bytes // 2
         self._announced = group.announced_by(peer)  # whether to look at _in_ctrl at all
         self._heard = False  # it announced itself (seen once, then remembered)
         self.send_lock = threading.Lock()
@@ -210,7 +215,7 @@ class Channel:
         ``data``: a byte view, or a C-contiguous NumPy array (the blocking send's).
         """
         nbytes = data.nbytes
-        if nbytes > INLINE_MAX_BYTES:
+        if nbytes > self.inline_max:
             return False
         if not self._open:
             if not self._group.p2p_is_open(self._index):
@@ -229,15 +234,16 @@ class Channel:
         """Write one entry in Python: :meth:`try_send`'s fallback (``send_lock`` held)."""
         size = entry_bytes(nbytes)
         head = self._out_ctrl[0]
-        pos = head % P2P_RING_BYTES
-        left = P2P_RING_BYTES - pos
+        ring_bytes = self._ring_bytes
+        pos = head % ring_bytes
+        left = ring_bytes - pos
         consumed = self._in_ctrl[1]
         waste = 0
         if left < size or (pos and nbytes <= SMALL_BYTES and pos + size > SMALL_SPAN):
             waste = left
         elif pos and head == consumed and size <= pos:
             waste = left  # empty: start again at the beginning (the wrap marker stays intact)
-        if head + waste + size - consumed > P2P_RING_BYTES:
+        if head + waste + size - consumed > ring_bytes:
             return False  # the receiver is behind: the socket takes it (order kept by count)
         ring = self._out
         if waste:
@@ -383,8 +389,8 @@ class Channel:
             consumed = self._out_ctrl[1]
             if self._in_ctrl[0] == consumed:
                 return None
-            pos = consumed % P2P_RING_BYTES
-            left = P2P_RING_BYTES - pos
+            pos = consumed % self._ring_bytes
+            left = self._ring_bytes - pos
             if left >= ENTRY.size:
                 tag, nbytes, before = ENTRY.unpack_from(self._in, pos)
                 if nbytes != SKIP:
@@ -393,7 +399,7 @@ class Channel:
 
     def payload(self, nbytes: int) -> memoryview:
         """Return the payload of the entry :meth:`peek` returned (valid until :meth:`pop`)."""
-        start = self._out_ctrl[1] % P2P_RING_BYTES + ENTRY.size
+        start = self._out_ctrl[1] % self._ring_bytes + ENTRY.size
         return self._in[start : start + nbytes]
 
     def pop(self, nbytes: int) -> None:

@@ -25,7 +25,7 @@ from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
 from colls_plugins.tcp import shm_remote, shm_setup
 from colls_plugins.tcp.backend import TcpBackend
-from colls_plugins.tcp.shm import P2P_RING_BYTES
+from colls_plugins.tcp.shm import LARGE_RINGS_MAX_RANKS, P2P_RING_BYTES, P2P_RING_BYTES_MANY
 from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
 
 pytestmark = pytest.mark.skipif(
@@ -95,19 +95,20 @@ def _on_threads(fn: Callable[[int], Any], world_size: int) -> list[Any]:
 
 @pytest.fixture
 def pair(monkeypatch: pytest.MonkeyPatch, shm_path: bool):
-    """Return ``make()``: two backends on threads of this process, sharing memory."""
+    """Return ``make(n=2)``: ``n`` backends on threads of this process, sharing memory."""
     made: list[TcpBackend] = []
 
-    def make() -> list[TcpBackend]:
+    def make(n: int = 2) -> list[TcpBackend]:
         monkeypatch.setattr(shm_setup, "host_identity", lambda: "host0")
         base = HashStore()
 
         def create(rank: int) -> TcpBackend:
-            options = BackendOptions(timeout=30.0, group_name="large", global_ranks=(0, 1))
-            return TcpBackend(PrefixStore("large", base), rank, 2, options)
+            options = BackendOptions(timeout=30.0, group_name="large",
+                                     global_ranks=tuple(range(n)))
+            return TcpBackend(PrefixStore("large", base), rank, n, options)
 
-        made.extend(_on_threads(create, 2))
-        return made[-2:]
+        made.extend(_on_threads(create, n))
+        return made[-n:]
 
     yield make
     for backend in made:
@@ -229,3 +230,32 @@ def test_more_remote_sends_than_acknowledgement_words_take_the_socket_in_order(p
         assert b.irecv(out, 0, 2).result() == 0
         assert (out == workers._payload(i, size)).all(), f"message {i} differs"
     assert all(send.wait(WAIT) for send in sends)
+
+
+@pytest.mark.timeout(120)
+def test_a_host_of_many_ranks_keeps_small_rings(pair):
+    """Every pair of a large host may talk (an all_to_all) and a ring's pages stay backed once
+    written: there rings stay at 64 KiB, and larger messages are read from the sender's memory
+    (or take the socket)."""
+    backends = pair(LARGE_RINGS_MAX_RANKS + 1)
+    a, b = backends[0], backends[1]
+    _opened(a, b)
+    out_channel = _channel(a, 1)
+    assert a._shm.segments[0].ring_bytes == P2P_RING_BYTES_MANY
+    assert out_channel.inline_max == P2P_RING_BYTES_MANY // 2
+    message = workers._payload(1, 100_000)
+    out = np.zeros_like(message)
+    recv = b.irecv(out, 0, 3)
+    a.send(message, 1, 3)
+    assert recv.result() == 0 and (out == message).all()
+    if shm_remote.available():  # not in the ring: only a remote entry naming it
+        assert out_channel.remote_sent == 1
+        assert out_channel.head == entry_bytes(shm_remote.REMOTE.size)
+    else:
+        assert out_channel.sockets_sent == 1 and out_channel.head == 0
+    small = np.arange(P2P_RING_BYTES_MANY // 2, dtype=np.uint8)
+    before = out_channel.head
+    a.send(small, 1, 4)
+    assert out_channel.head - before == entry_bytes(small.nbytes)
+    got = np.zeros_like(small)
+    assert b.recv(got, 0, 4) == 0 and (got == small).all()
