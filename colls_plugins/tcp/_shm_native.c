@@ -77,10 +77,10 @@ typedef struct {
  * socket messages sent before it. Entries start on 8-byte boundaries. */
 #define ENTRY_BYTES 24
 #define RING_SKIP (-1)
-/* Placement (shm_p2p.py, "Placement", has the same rule): an entry of at most RING_SMALL_BYTES
- * of payload stays within the first RING_SMALL_SPAN bytes of the ring, and a writer that finds
- * the ring empty starts again at its beginning, so the pages past the span are only ever
- * touched by large messages. */
+/* Placement (shm_p2p.py, SMALL_SPAN, has the same rule): an entry of at most RING_SMALL_BYTES
+ * of payload stays within the first RING_SMALL_SPAN bytes of the ring, and a writer past them
+ * that finds the ring empty starts again at its beginning, so the pages past the span are only
+ * ever touched by large messages. */
 #define RING_SMALL_BYTES (16 * 1024)
 #define RING_SMALL_SPAN (64 * 1024)
 
@@ -603,8 +603,11 @@ static PyObject *Sync_ring_put(SyncObject *self, PyObject *const *args, Py_ssize
     int64_t waste = 0;
     if (left < size || (pos && nbytes <= RING_SMALL_BYTES && pos + size > RING_SMALL_SPAN)) {
         waste = left;
-    } else if (pos && head == consumed && size <= pos) {
-        waste = left; /* empty: start again at the beginning (the wrap marker stays intact) */
+    } else if (pos >= RING_SMALL_SPAN && head == consumed && size <= pos) {
+        /* empty, and a large message took the writer past the span: start again at the
+         * beginning (the wrap marker stays intact). Not from within the span: until the reader
+         * passes the marker, the rest of the ring counts as used. */
+        waste = left;
     }
     if (head + waste + size - consumed > ring_bytes) {
         PyBuffer_Release(&src);

@@ -69,8 +69,8 @@ from colls_plugins.tcp.shm import P2P_RING_BYTES, SEGMENT_MAGIC, ShmGroup
 #: a channel's own limit is :attr:`Channel.inline_max`).
 INLINE_MAX_BYTES = P2P_RING_BYTES // 2
 #: Placement: an entry of at most SMALL_BYTES of payload stays within the first SMALL_SPAN bytes
-#: of the ring, and a writer that finds the ring empty starts again at its beginning (the
-#: compiled ``ring_put`` has the same rule). Pages are backed once written, so a pair that
+#: of the ring, and a writer past them that finds the ring empty starts again at its beginning
+#: (the compiled ``ring_put`` has the same rule). Pages are backed once written, so a pair that
 #: only exchanges small messages keeps using the same few pages, as with the 64 KiB rings of
 #: before; the rest of the ring is touched only by pairs that send large messages.
 SMALL_BYTES = 16 << 10
@@ -241,8 +241,11 @@ class Channel:
         waste = 0
         if left < size or (pos and nbytes <= SMALL_BYTES and pos + size > SMALL_SPAN):
             waste = left
-        elif pos and head == consumed and size <= pos:
-            waste = left  # empty: start again at the beginning (the wrap marker stays intact)
+        elif pos >= SMALL_SPAN and head == consumed and size <= pos:
+            # empty, and a large message took the writer past the span: start again at the
+            # beginning (the wrap marker stays intact). Not from within the span: until the
+            # reader passes the marker, the rest of the ring counts as used.
+            waste = left
         if head + waste + size - consumed > ring_bytes:
             return False  # the receiver is behind: the socket takes it (order kept by count)
         ring = self._out

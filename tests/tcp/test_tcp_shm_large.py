@@ -259,3 +259,22 @@ def test_a_host_of_many_ranks_keeps_small_rings(pair):
     assert out_channel.head - before == entry_bytes(small.nbytes)
     got = np.zeros_like(small)
     assert b.recv(got, 0, 4) == 0 and (got == small).all()
+
+
+@pytest.mark.timeout(60)
+def test_a_small_message_after_an_emptied_ring_leaves_room_for_the_next(pair):
+    """A writer within the small span does not start again at the ring's beginning when it
+    finds the ring empty: the rest of the ring would count as used until the reader passed the
+    wrap, and the next message, sent before that, took the socket (a halo exchange's rows, one
+    time in three)."""
+    a, b = pair()
+    out_channel = _channel(a, 1)
+    row = np.arange(256, dtype=np.float64)
+    out = np.zeros_like(row)
+    for _ in range(50):
+        a.send(row, 1, 5)
+        assert b.recv(out, 0, 5) == 0  # the ring is empty again
+        a.send(row, 1, 5)
+        a.send(row, 1, 5)  # before the reader looked
+        assert b.recv(out, 0, 5) == 0 and b.recv(out, 0, 5) == 0
+    assert out_channel.sockets_sent == 0 and (out == row).all()
