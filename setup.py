@@ -1,8 +1,11 @@
-"""Build the one optional C extension of colls; the metadata lives in pyproject.toml.
+"""Build the optional C extensions of colls; the metadata lives in pyproject.toml.
 
 ``colls_plugins.tcp._shm_native`` (the shared-memory hot loop, docs/design.md) is optional: when
 no C compiler is there, or the build fails for any reason, the install goes on without it and the
-tcp backend runs its pure-Python path.
+tcp backend runs its pure-Python path. ``colls_jax._ffi_native`` (the XLA FFI handler of
+colls_jax's jit path, docs/jax.md) is optional the same way: without it jitted colls_jax
+collectives run as ordered host callbacks. It needs only Python's headers (it declares the few
+XLA FFI structs it reads), not jaxlib.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ class OptionalBuildExt(build_ext):
             self._skip(exc)
 
     def _skip(self, exc: BaseException) -> None:
-        self.warn(f"colls: the optional C extension was not built ({exc}); "
-                  "the tcp backend's shared memory uses its pure-Python path")
+        self.warn(f"colls: an optional C extension was not built ({exc}); the tcp "
+                  "backend's shared memory and colls_jax's jit path use their fallbacks")
 
 
 setup(
     ext_modules=[Extension("colls_plugins.tcp._shm_native",
-                           ["colls_plugins/tcp/_shm_native.c"], optional=True)],
+                           ["colls_plugins/tcp/_shm_native.c"], optional=True),
+                 Extension("colls_jax._ffi_native",
+                           ["adapters/colls_jax/_ffi_native.c"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -1,10 +1,12 @@
-"""The collectives as NumPy functions on the host: what runs eagerly and inside jit callbacks.
+"""The collectives as NumPy functions on the host: what runs eagerly, in the FFI handler and in
+the fallback callbacks.
 
-Each function takes arrays that NumPy can view (a concrete ``jax.Array``, which is what
-``io_callback`` hands its callback, or a NumPy array), runs one collective of the colls core on
-them and returns a new NumPy array (or None). Inputs are read in place: ``np.asarray`` of a CPU
-``jax.Array`` is a zero-copy, read-only view, which the core's out-of-place calls accept as is.
-Only ops that reduce in place (all_reduce, broadcast, reduce) copy the input once into the output.
+Each function takes its input ``x`` (any array NumPy can view without a copy: a concrete
+``jax.Array``, a NumPy array, a view of one of XLA's buffers) and its output ``out``, a writable
+C-contiguous NumPy array of the result's shape and dtype, allocated by the caller: on the FFI
+path (:mod:`colls_jax._ffi`) it is XLA's own output buffer, so the core writes the result where
+XLA wants it. Inputs are read in place. Ops that reduce in place (all_reduce, broadcast, reduce)
+copy ``x`` into ``out`` first, unless they are the same memory (the FFI path aliases them).
 
 Ranks and roots here are *group* ranks, already checked by :mod:`colls_jax._ops`; the arguments
 were validated at trace time, so nothing here raises for a caller mistake.
@@ -58,128 +60,109 @@ def bind(fn: Callable[..., Any], target: Target, name: str, **static: Any) -> Ca
     return run
 
 
-def _view(x: Any) -> np.ndarray:
-    """Return ``x`` as a NumPy array without copying when possible (read-only for JAX)."""
-    return np.asarray(x)
-
-
 def _rows(array: np.ndarray) -> list[np.ndarray]:
     """Return the views ``array[i, ...]`` (arrays even when 0-d, unlike ``list(array)``)."""
     return [array[i, ...] for i in range(array.shape[0])]
 
 
-def _copy(x: Any) -> np.ndarray:
-    """Return a writable C-contiguous copy of ``x`` (the output of an in-place collective)."""
-    return np.array(x, copy=True, order="C")
+def _load(x: Any, out: np.ndarray) -> None:
+    """Copy ``x`` into ``out`` (the buffer of an in-place collective) unless it is already there."""
+    src = np.asarray(x)
+    if src.size and src.ctypes.data != out.ctypes.data:
+        np.copyto(out, src)
 
 
-def all_reduce(x: Any, *, op: Any, group: Any) -> np.ndarray:
-    """Return the reduction of ``x`` over the group."""
-    out = _copy(x)
+def all_reduce(x: Any, out: np.ndarray, *, op: Any, group: Any) -> None:
+    """Write the reduction of ``x`` over the group into ``out``."""
+    _load(x, out)
     colls.all_reduce(out, op=op, group=group)
-    return out
 
 
-def broadcast(x: Any, *, root: int, group: Any) -> np.ndarray:
-    """Return group rank ``root``'s ``x``."""
-    out = _copy(x)
+def broadcast(x: Any, out: np.ndarray, *, root: int, group: Any) -> None:
+    """Write group rank ``root``'s ``x`` into ``out``."""
+    _load(x, out)
     colls.broadcast(out, group=group, group_src=root)
-    return out
 
 
-def reduce(x: Any, *, root: int, op: Any, group: Any) -> np.ndarray:
-    """Return the reduction of ``x`` on group rank ``root``, zeros of ``x``'s shape elsewhere."""
-    out = _copy(x)
+def reduce(x: Any, out: np.ndarray, *, root: int, op: Any, group: Any) -> None:
+    """Write the reduction of ``x`` on group rank ``root``, zeros elsewhere."""
+    _load(x, out)
     colls.reduce(out, op=op, group=group, group_dst=root)
     if colls.get_rank(group) != root:
         out[...] = 0
-    return out
 
 
-def all_gather(x: Any, *, tiled: bool, group: Any) -> np.ndarray:
-    """Return every rank's ``x`` stacked on a new axis 0, or concatenated along axis 0 if tiled."""
-    src = _view(x)
+def all_gather(x: Any, out: np.ndarray, *, tiled: bool, group: Any) -> None:
+    """Write every rank's ``x`` stacked on a new axis 0 (or concatenated if tiled) into ``out``."""
+    src = np.asarray(x)
     size = colls.get_world_size(group)
-    out = np.empty((size, *src.shape), dtype=src.dtype)
-    colls.all_gather_into_tensor(out, src, group=group)
-    return out.reshape(size * src.shape[0], *src.shape[1:]) if tiled else out
+    colls.all_gather_into_tensor(out.reshape(size, *src.shape), src, group=group)
 
 
-def reduce_scatter(x: Any, *, op: Any, tiled: bool, group: Any) -> np.ndarray:
-    """Reduce ``x`` over the group; return this rank's block of axis 0 (squeezed if not tiled)."""
-    src = _view(x)
-    size = colls.get_world_size(group)
-    rows = src.shape[0] // size
-    out = np.empty((rows, *src.shape[1:]), dtype=src.dtype)
-    colls.reduce_scatter_tensor(out, src, op=op, group=group)
-    return out if tiled else out.reshape(src.shape[1:])
+def reduce_scatter(x: Any, out: np.ndarray, *, op: Any, tiled: bool, group: Any) -> None:
+    """Reduce ``x`` over the group; write this rank's block of axis 0 (squeezed if not tiled)."""
+    src = np.asarray(x)
+    rows = src.shape[0] // colls.get_world_size(group)
+    colls.reduce_scatter_tensor(out.reshape(rows, *src.shape[1:]), src, op=op, group=group)
 
 
-def all_to_all(x: Any, *, group: Any) -> np.ndarray:
-    """Send block j of axis 0 of ``x`` to rank j; return the blocks received, in rank order."""
-    src = _view(x)
-    out = np.empty_like(src, order="C")
-    colls.all_to_all_single(out, src, group=group)
-    return out
+def all_to_all(x: Any, out: np.ndarray, *, group: Any) -> None:
+    """Send block j of axis 0 of ``x`` to rank j; write the blocks received, in rank order."""
+    colls.all_to_all_single(out, np.asarray(x), group=group)
 
 
-def gather(x: Any, *, root: int, group: Any) -> np.ndarray:
-    """Return every rank's ``x`` stacked on axis 0 on group rank ``root``; zeros elsewhere."""
-    src = _view(x)
-    size = colls.get_world_size(group)
-    out = np.zeros((size, *src.shape), dtype=src.dtype)
+def gather(x: Any, out: np.ndarray, *, root: int, group: Any) -> None:
+    """Write every rank's ``x`` stacked on axis 0 on group rank ``root``; zeros elsewhere."""
     is_root = colls.get_rank(group) == root
-    colls.gather(src, _rows(out) if is_root else None, group=group, group_dst=root)
-    return out
+    if not is_root:
+        out[...] = 0
+    colls.gather(np.asarray(x), _rows(out) if is_root else None, group=group, group_dst=root)
 
 
-def scatter(x: Any, *, root: int, group: Any) -> np.ndarray:
-    """Return ``x[r]`` of group rank ``root`` on group rank r (``x`` is ignored off the root)."""
-    src = _view(x)
-    out = np.empty(src.shape[1:], dtype=src.dtype)
+def scatter(x: Any, out: np.ndarray, *, root: int, group: Any) -> None:
+    """Write ``x[r]`` of group rank ``root`` on group rank r (``x`` is ignored off the root)."""
+    src = np.asarray(x)
     is_root = colls.get_rank(group) == root
     colls.scatter(out, _rows(src) if is_root else None, group=group, group_src=root)
-    return out
 
 
-def ppermute(x: Any, *, perm: Sequence[tuple[int, int]], group: Any) -> np.ndarray:
+def ppermute(x: Any, out: np.ndarray, *, perm: Sequence[tuple[int, int]], group: Any) -> None:
     """Send ``x`` along the (source, destination) pairs of ``perm``; zeros where nothing arrives.
 
     Every send and receive of this rank is started before any is waited for, so a ring (every
     rank both sends and receives) cannot deadlock however large the message.
     """
-    src = _view(x)
+    src = np.asarray(x)
     me = colls.get_rank(group)
-    out = np.zeros(src.shape, dtype=src.dtype)
     works = []
+    received = False
     for source, dest in perm:
         if source == me and dest == me:
             np.copyto(out, src)
+            received = True
         elif dest == me:
             works.append(colls.irecv(out, group=group, group_src=source, tag=PPERMUTE_TAG))
+            received = True
+    if not received:
+        out[...] = 0
     for source, dest in perm:
         if source == me and dest != me:
             works.append(colls.isend(src, group=group, group_dst=dest, tag=PPERMUTE_TAG))
     for work in works:
         work.wait()
-    return out
 
 
 def send(x: Any, *, dest: int, tag: int, group: Any) -> None:
-    """Send ``x`` to group rank ``dest``."""
-    colls.send(_view(x), group=group, group_dst=dest, tag=tag)
+    """Send ``x`` to group rank ``dest`` (no output)."""
+    colls.send(np.asarray(x), group=group, group_dst=dest, tag=tag)
 
 
-def recv(*, shape: tuple[int, ...], dtype: Any, source: int, tag: int, group: Any
-         ) -> np.ndarray:
-    """Return a new array of ``shape`` and ``dtype`` received from group rank ``source``."""
-    out = np.empty(shape, dtype=dtype)
+def recv(out: np.ndarray, *, source: int, tag: int, group: Any) -> None:
+    """Receive from group rank ``source`` into ``out``."""
     colls.recv(out, group=group, group_src=source, tag=tag)
-    return out
 
 
-def barrier(*, group: Any) -> np.ndarray:
-    """Wait for every rank of the group; return a dummy int32 scalar (a value jit can order)."""
+def barrier(out: np.ndarray, *, group: Any) -> None:
+    """Wait for every rank of the group; write a dummy int32 zero (a value jit can order)."""
     colls.barrier(group=group)
-    return np.zeros((), dtype=np.int32)
-
+    out[...] = 0

@@ -1,6 +1,7 @@
-"""Run a host collective eagerly, or inside a JAX trace as an *ordered* host callback.
+"""Run a host collective eagerly, or inside a JAX trace as an ordered XLA FFI custom call (or,
+as the fallback, an *ordered* host callback).
 
-Why ordered callbacks: a collective is a side effect that every rank must perform in the same
+Why ordered: a collective is a side effect that every rank must perform in the same
 order. XLA schedules independent operations freely, so two unrelated collectives of one jitted
 function could run in a different order on two ranks, and both ranks would wait forever. JAX's
 public ``jax.experimental.io_callback(..., ordered=True)`` gives each callback an *ordered
@@ -14,7 +15,9 @@ Three paths, chosen per call:
 * eager code: run the host function directly, after ``jax.effects_barrier()`` so that
   callbacks of jitted code dispatched earlier (which run asynchronously) have finished; that
   keeps eager and jitted collectives in one order on every rank.
-* inside a trace (jit, grad, vmap, scan, ...): ``io_callback(..., ordered=True)`` wrapped in
+* inside a trace (jit, grad, vmap, scan, ...): the ordered FFI custom call of
+  :mod:`colls_jax._ffi` on XLA's own buffers when it loads, else
+  ``io_callback(..., ordered=True)`` (NumPy copies in and out); either wrapped in
   ``custom_vmap``, whose rule maps a batched call onto one collective of the whole batch (the
   batch axis is moved where the collective does not split or stack, then moved back to axis 0).
 * a device-mapped trace (pmap, shard_map, vmap with axis_name): refused, since a host collective
@@ -29,8 +32,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
+
+from colls_jax import _ffi
 
 Shape = tuple[int, ...]
 
@@ -41,12 +47,15 @@ class HostOp:
 
     Attributes:
         name: The public name, for errors ("all_gather").
-        host: Host function of one array, returning a NumPy array (or None for no output).
+        host: Host function ``host(x, out)`` writing the result into ``out`` (``host(x)`` when
+            there is no output), as in :mod:`colls_jax._host`.
         shape: Output shape as a function of the input shape; None when there is no output.
         in_axis: Under vmap, the axis the batch axis is moved to in the input (1 for ops that
             split or concatenate axis 0, so that axis stays axis 0).
         out_axis: Under vmap, the axis of the output where the batch axis then is.
         batchable: False for ops whose batched meaning is unclear (send): vmap raises.
+        in_place: True for ops that compute in their output buffer starting from the input
+            (all_reduce, broadcast, reduce): on the FFI path the output aliases the input.
     """
 
     name: str
@@ -55,6 +64,7 @@ class HostOp:
     in_axis: int = 0
     out_axis: int = 0
     batchable: bool = True
+    in_place: bool = False
 
 
 def is_traced(*arrays: Any) -> bool:
@@ -87,36 +97,73 @@ def tracing() -> bool:
 
 
 def call(op: HostOp, x: jax.Array) -> jax.Array | None:
-    """Run ``op`` on ``x``: directly in eager code, as an ordered callback inside a trace."""
+    """Run ``op`` on ``x``: directly in eager code, staged in order inside a trace."""
     if not is_traced(x) and not tracing():
         jax.effects_barrier()  # earlier jitted collectives first, in the same order everywhere
-        return _to_jax(op.host(x))
+        out = _run_host(op, x)
+        return None if out is None else _to_jax(out)
     check_not_mapped(op.name)
     return _batchable(op)(x)
 
 
-def call_nullary(name: str, host: Callable[[], Any], result: jax.ShapeDtypeStruct
+def call_nullary(name: str, host: Callable[[np.ndarray], None], result: jax.ShapeDtypeStruct
                  ) -> jax.Array:
-    """Run an op without array inputs (recv, barrier) eagerly or as an ordered callback."""
+    """Run an op without array inputs (recv, barrier): ``host(out)``, eager or staged."""
     if not tracing():
         jax.effects_barrier()
-        return _to_jax(host())
+        out = np.empty(result.shape, result.dtype)
+        host(out)
+        return _to_jax(out)
     check_not_mapped(name)
-    return io_callback(host, result, ordered=True)
+    bind = _ffi.load()
+    if bind is not None:
+        key = _ffi.add_site(_ffi.site(host, (), (result,)))
+        return bind(key=key, results=(_aval(result),), alias=False)[0]  # type: ignore[no-any-return]
+
+    def allocate() -> np.ndarray:
+        out = np.empty(result.shape, result.dtype)
+        host(out)
+        return out
+
+    return io_callback(allocate, result, ordered=True)
 
 
-def _to_jax(result: Any) -> jax.Array | None:
-    return None if result is None else jnp.asarray(result)
+def _run_host(op: HostOp, x: Any) -> np.ndarray | None:
+    """Run ``op`` on a concrete ``x``: the input viewed without a copy, a new NumPy output."""
+    src = np.asarray(x)
+    if op.shape is None:
+        op.host(src)
+        return None
+    out = np.empty(op.shape(src.shape), src.dtype)
+    op.host(src, out)
+    return out
 
 
-def _callback(op: HostOp, x: jax.Array) -> jax.Array | None:
+def _to_jax(out: np.ndarray) -> jax.Array:
+    """Hand a NumPy result to JAX (one copy into a buffer JAX owns)."""
+    return jnp.asarray(out)
+
+
+def _aval(spec: jax.ShapeDtypeStruct) -> Any:
+    return jax.core.ShapedArray(spec.shape, spec.dtype)
+
+
+def _staged(op: HostOp, x: jax.Array) -> jax.Array | None:
+    """Stage ``op`` on traced ``x``: the ordered FFI custom call, or the ordered callback."""
     result = None if op.shape is None else jax.ShapeDtypeStruct(op.shape(x.shape), x.dtype)
-    return io_callback(op.host, result, x, ordered=True)
+    bind = _ffi.load()
+    if bind is not None:
+        outs = () if result is None else (result,)
+        key = _ffi.add_site(_ffi.site(op.host, (jax.ShapeDtypeStruct(x.shape, x.dtype),), outs))
+        values = bind(x, key=key, results=tuple(_aval(r) for r in outs),
+                      alias=op.in_place and result is not None)
+        return values[0] if values else None
+    return io_callback(lambda v: _run_host(op, v), result, x, ordered=True)
 
 
 def _batchable(op: HostOp) -> Callable[[jax.Array], Any]:
     """Wrap ``op``'s callback so that vmap runs one collective on the whole batch."""
-    fn = custom_vmap(lambda x: _callback(op, x))
+    fn = custom_vmap(lambda x: _staged(op, x))
 
     @fn.def_vmap
     def rule(axis_size: int, in_batched: list[bool], x: jax.Array) -> tuple[Any, Any]:

@@ -39,7 +39,8 @@ def _same(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _op_all_reduce(x: jax.Array, op: Any, kind: RedOpType, target: Target) -> jax.Array:
-    hop = HostOp("all_reduce", _bind(_host.all_reduce, target, "all_reduce", op=op), _same)
+    hop = HostOp("all_reduce", _bind(_host.all_reduce, target, "all_reduce", op=op), _same,
+                 in_place=True)
     forward = partial(call, hop)
     if kind in _LINEAR_REDUCTIONS:
         return _grad.linear(x, forward, forward)
@@ -51,14 +52,16 @@ def _op_all_reduce(x: jax.Array, op: Any, kind: RedOpType, target: Target) -> ja
 
 
 def _op_broadcast(x: jax.Array, root: int, target: Target) -> jax.Array:
-    hop = HostOp("broadcast", _bind(_host.broadcast, target, "broadcast", root=root), _same)
+    hop = HostOp("broadcast", _bind(_host.broadcast, target, "broadcast", root=root), _same,
+                 in_place=True)
     return _grad.linear(x, partial(call, hop),
                         lambda g: _op_reduce(g, root, ReduceOp.SUM, RedOpType.SUM, target))
 
 
 def _op_reduce(x: jax.Array, root: int, op: Any, kind: RedOpType, target: Target
                ) -> jax.Array:
-    hop = HostOp("reduce", _bind(_host.reduce, target, "reduce", root=root, op=op), _same)
+    hop = HostOp("reduce", _bind(_host.reduce, target, "reduce", root=root, op=op), _same,
+                 in_place=True)
     forward = partial(call, hop)
     if kind is RedOpType.SUM:
         return _grad.linear(x, forward, lambda g: _op_broadcast(g, root, target))

@@ -147,8 +147,7 @@ def recv(shape: Sequence[int], dtype: Any, src: int | None = None, group: Any = 
     np_dtype = np.dtype(jax.dtypes.canonicalize_dtype(np_dtype))
     peer = _args.root(pg, src, group_src, arg="src", name="recv")
     _check_not_self(pg, peer, "recv", "src")
-    host = _bind(_host.recv, Target(group, pg.size), "recv", shape=shape, dtype=np_dtype,
-                 source=peer, tag=tag)
+    host = _bind(_host.recv, Target(group, pg.size), "recv", source=peer, tag=tag)
     return _jit.call_nullary("recv", host, jax.ShapeDtypeStruct(shape, np_dtype))
 
 

@@ -302,13 +302,17 @@ def no_reordering(rank: int, size: int) -> dict[str, Any]:
 
 def collectives_suite(rank: int, size: int) -> dict[str, Any]:
     """every_op, vmapped_ops and subgroup_ops in one job."""
+    from colls_jax import _ffi
+
     return {"every_op": every_op(rank, size), "vmap": vmapped_ops(rank, size),
-            "subgroup": subgroup_ops(rank, size)}
+            "subgroup": subgroup_ops(rank, size), "jit_path": _ffi.path()}
 
 
 def jit_and_grad_suite(rank: int, size: int) -> dict[str, Any]:
     """no_reordering, then the gradient checks of jax_grad_workers, in one job."""
     from jax_grad_workers import data_parallel, vjps
 
+    from colls_jax import _ffi
+
     return {"order": no_reordering(rank, size), "vjps": vjps(rank, size),
-            "data_parallel": data_parallel(rank, size)}
+            "data_parallel": data_parallel(rank, size), "jit_path": _ffi.path()}

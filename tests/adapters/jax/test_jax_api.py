@@ -21,10 +21,16 @@ from jax.experimental import io_callback
 import colls
 from colls.store import HashStore
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("world1")]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("world1", "jit_path")]
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
-_CALLBACK = re.compile(r"(%\d+):2 = stablehlo\.custom_call @\w*callback\((%[\w#]+), ")
+#: (result, token operand) of each staged collective in a lowered program: the host callback
+#: takes the token first and returns it first, the FFI call takes and returns it last.
+_STAGED = {
+    "callback": (re.compile(r"(%\d+):2 = stablehlo\.custom_call @\w*callback\((%[\w#]+), "), 0),
+    "ffi": (re.compile(r"(%\d+):2 = stablehlo\.custom_call @colls_jax_call\([^)]*?(%[\w#]+)\)"),
+            1),
+}
 
 
 # -- what colls_jax does not have -------------------------------------------------------------
@@ -159,22 +165,18 @@ def test_recv_checks_its_arguments() -> None:
 # -- ordering, effects and copies -----------------------------------------------------------------
 
 
-def _callback_tokens(text: str) -> list[tuple[str, str]]:
-    """(result, token operand) of each host callback in a lowered program, in program order."""
-    return _CALLBACK.findall(text)
-
-
-def test_jitted_collectives_are_chained_by_one_token() -> None:
+def test_jitted_collectives_are_chained_by_one_token(jit_path: str) -> None:
     def independent(a, b, c):
         return cj.all_reduce(a), cj.broadcast(b, 0), cj.all_gather(c)
 
     text = jax.jit(independent).lower(
         jnp.ones(3), jnp.ones(2, jnp.int32), jnp.ones(4, jnp.bfloat16)).as_text()
-    chain = _callback_tokens(text)
+    pattern, token_result = _STAGED[jit_path]
+    chain = pattern.findall(text)
     assert len(chain) == 3, text
     assert chain[0][1].startswith("%arg")  # the token the program receives
     for (previous, _), (_, token) in zip(chain, chain[1:], strict=False):
-        assert token == f"{previous}#0", text  # each waits for the one traced before it
+        assert token == f"{previous}#{token_result}", text  # waits for the one traced before
 
 
 def test_unordered_callbacks_would_not_be_chained() -> None:
@@ -191,9 +193,9 @@ def test_unordered_callbacks_would_not_be_chained() -> None:
 def test_a_collective_whose_result_is_unused_still_runs(monkeypatch) -> None:
     calls = []
 
-    def counting(x, **kwargs):
+    def counting(x, out, **kwargs):
         calls.append(np.asarray(x).copy())
-        return _host_all_reduce(x, **kwargs)
+        return _host_all_reduce(x, out, **kwargs)
 
     _host_all_reduce = _host.all_reduce
     monkeypatch.setattr(_host, "all_reduce", counting)
@@ -253,14 +255,13 @@ def test_collectives_inside_scan_cond_and_fori_loop() -> None:
 
 def test_a_failure_inside_a_jitted_collective_surfaces_with_the_colls_message(monkeypatch
                                                                                ) -> None:
-    def broken(x, **kwargs):
+    def broken(x, out, **kwargs):
         raise colls.CollsTimeoutError("simulated: rank 1 did not answer")
 
     monkeypatch.setattr(_host, "all_reduce", broken)
     with pytest.raises(colls.CollsTimeoutError, match="simulated"):
         cj.all_reduce(jnp.asarray(X))  # eager: the colls error itself
-    with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=r"(?s)CpuCallback error.*CollsTimeoutError: simulated"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"(?s)CollsTimeoutError: simulated"):
         jax.block_until_ready(jax.jit(lambda x: cj.all_reduce(x))(jnp.asarray(X)))
 
 
@@ -279,17 +280,57 @@ def test_a_group_of_another_size_than_traced_is_refused_when_the_collective_runs
     with pytest.raises(ValueError, match=r"colls_jax\.all_reduce on rank 0: this call was traced "
                                          r"for a group of 2 ranks but the group now has 1; .*"
                                          r"jax\.clear_caches\(\)"):
-        traced_for_two(X)
+        traced_for_two(X, np.empty_like(X))
 
 
 def test_a_collective_on_a_captured_constant_runs_on_every_call(monkeypatch) -> None:
     """A concrete array in a jitted function's closure is staged, not reduced once at trace."""
     calls = []
     real = _host.all_reduce
-    monkeypatch.setattr(_host, "all_reduce", lambda x, **kw: (calls.append(1), real(x, **kw))[1])
+    monkeypatch.setattr(_host, "all_reduce", lambda x, out, **kw: (calls.append(1), real(x, out, **kw))[1])
     constant = jnp.asarray(X)
     jitted = jax.jit(lambda: cj.all_reduce(constant))
     for _ in range(2):
         np.testing.assert_array_equal(jitted(), X)
     jax.effects_barrier()
     assert len(calls) == 2
+
+
+# -- the FFI path: XLA's own buffers ------------------------------------------------------------
+
+
+def test_ffi_path_hands_xla_buffers_to_colls_without_a_copy(jit_path: str, monkeypatch) -> None:
+    """all_reduce computes in the donated input buffer; all_gather reads XLA's parameter."""
+    if jit_path != "ffi":
+        pytest.skip("the callback path copies by design (NumPy arrays in and out)")
+    seen: dict[str, int] = {}
+    real_reduce, real_gather = colls.all_reduce, colls.all_gather_into_tensor
+
+    def spy_reduce(out, **kwargs):
+        seen["all_reduce"] = out.ctypes.data
+        return real_reduce(out, **kwargs)
+
+    def spy_gather(out, src, **kwargs):
+        seen["all_gather"] = src.ctypes.data
+        return real_gather(out, src, **kwargs)
+
+    monkeypatch.setattr(colls, "all_reduce", spy_reduce)
+    monkeypatch.setattr(colls, "all_gather_into_tensor", spy_gather)
+    x = jnp.asarray(X) + 1
+    address = x.unsafe_buffer_pointer()
+    out = jax.jit(cj.all_reduce, donate_argnums=0)(x)
+    np.testing.assert_array_equal(out, X + 1)
+    assert seen["all_reduce"] == address == out.unsafe_buffer_pointer()
+    y = jnp.asarray(X)
+    np.testing.assert_array_equal(jax.jit(cj.all_gather)(y), X[None])
+    assert seen["all_gather"] == y.unsafe_buffer_pointer()
+
+
+def test_the_chosen_path_is_reported_under_colls_debug(jit_path: str, monkeypatch, capsys
+                                                       ) -> None:
+    from colls_jax import _ffi
+
+    monkeypatch.setenv("COLLS_DEBUG", "info")
+    _ffi.reset()
+    jax.jit(cj.all_reduce).lower(jnp.asarray(X))
+    assert f"colls_jax: jit path: {jit_path}: " in capsys.readouterr().err

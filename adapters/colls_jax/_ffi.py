@@ -1,0 +1,210 @@
+"""The zero-copy jit path: each colls_jax collective as an ordered XLA FFI custom call.
+
+Inside ``jax.jit`` a collective becomes a custom call to the target ``colls_jax_call``, whose
+handler is the optional C extension ``colls_jax._ffi_native``. XLA calls the handler with
+pointers to its own buffers; the handler wraps them in memoryviews (no copy) and calls
+:func:`_dispatch` with the call site's key, which views them as NumPy arrays and runs the
+collective's host function (:mod:`colls_jax._host`) on them: the core reads XLA's input buffer
+and writes XLA's output buffer. Collectives that reduce in place (all_reduce, broadcast,
+reduce) alias their output to their input (``input_output_aliases``), so when XLA can donate
+the input the result is computed in that very buffer.
+
+Order. A custom call with ``has_side_effect=True`` is never removed as dead code, but XLA may
+still run two independent ones in any order, and two ranks could then deadlock. So the call
+carries an *ordered effect* (:class:`CollsEffect`, registered as JAX's ordered effects are):
+JAX threads one token through every ordered effect of a program, in trace order, and across
+consecutive jitted programs; the token is an operand and a result of each custom call, so XLA
+cannot reorder them. ``jax.ffi.ffi_call`` has no ordered form in jax 0.10 (its ``FfiEffect``
+is unordered), hence this small primitive, lowered with ``jax.ffi.ffi_lowering`` as mpi4jax
+lowers its own.
+
+Which path runs: :func:`load` returns this module's :func:`call` when the extension is built
+and JAX has what it needs (``COLLS_JAX_JIT=callback`` forces the fallback); otherwise the
+ordered host callback of :mod:`colls_jax._jit` runs. ``COLLS_DEBUG=info`` prints which path
+was chosen and why, once per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from colls import env
+
+logger = logging.getLogger("colls.jax")
+
+TARGET = "colls_jax_call"
+#: The interface of ``_ffi_native.c`` this module speaks (its ``INTERFACE``).
+INTERFACE = 1
+#: ``COLLS_JAX_JIT``: auto (FFI when it loads, else callbacks) | ffi | callback.
+PATHS = ("auto", "ffi", "callback")
+
+Runner = Callable[[tuple[memoryview, ...], tuple[memoryview, ...]], None]
+
+# Call sites staged so far, indexed by the custom call's ``key`` attribute. Only appended to
+# (under the lock), so a compiled program's key stays valid for the life of the process.
+_sites: list[Runner] = []
+_sites_lock = threading.Lock()
+
+
+def _dispatch(key: int, ins: tuple[memoryview, ...], outs: tuple[memoryview, ...]) -> None:
+    """Run call site ``key`` on XLA's buffers (called by the C handler, GIL held)."""
+    _sites[key](ins, outs)
+
+
+def add_site(run: Runner) -> int:
+    """Register a call site; return its key (the custom call's ``key`` attribute)."""
+    with _sites_lock:
+        _sites.append(run)
+        return len(_sites) - 1
+
+
+def _view(buffer: memoryview, aval: Any) -> np.ndarray:
+    """View one of XLA's buffers as a writable NumPy array of ``aval``'s shape and dtype."""
+    return np.frombuffer(buffer, dtype=aval.dtype).reshape(aval.shape)
+
+
+def site(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...]) -> Runner:
+    """Return the runner of one call site: ``host(*inputs, *outputs)`` on views of the buffers.
+
+    ``ins`` and ``outs`` are the avals (shape, dtype) of the call's arrays, fixed at trace time.
+    """
+    in_avals, out_avals = tuple(ins), tuple(outs)
+
+    def run(in_buffers: tuple[memoryview, ...], out_buffers: tuple[memoryview, ...]) -> None:
+        arrays = [_view(b, a) for b, a in zip(in_buffers, in_avals)]
+        arrays += [_view(b, a) for b, a in zip(out_buffers, out_avals)]
+        host(*arrays)
+
+    return run
+
+
+# -- the primitive: ordered effect, abstract eval, lowering -------------------------------------
+
+
+def _build_primitive() -> Callable[..., list[Any]]:
+    """Define the ordered effect and the primitive; return ``bind`` (raises if JAX lacks them)."""
+    from jax._src import dispatch, effects
+    from jax._src.core import abstract_token
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    class CollsEffect(effects.Effect):
+        """The ordered side effect of a colls_jax collective."""
+
+        def __str__(self) -> str:
+            return "colls_jax"
+
+    effect = CollsEffect()
+    for registry in (effects.lowerable_effects, effects.ordered_effects,
+                     effects.control_flow_allowed_effects,
+                     effects.custom_derivatives_allowed_effects):
+        registry.add_type(CollsEffect)
+
+    prim = Primitive("colls_jax_call")
+    prim.multiple_results = True
+
+    def abstract_eval(*avals: Any, key: int, results: tuple[Any, ...], alias: bool
+                      ) -> tuple[tuple[Any, ...], set[Any]]:
+        del avals, key, alias
+        return results, {effect}
+
+    def lowering(ctx: Any, *operands: Any, key: int, results: tuple[Any, ...], alias: bool
+                 ) -> list[Any]:
+        del results
+        token = ctx.tokens_in.get(effect)
+        with_token = ctx.replace(avals_in=(*ctx.avals_in, abstract_token),
+                                 avals_out=(*ctx.avals_out, abstract_token))
+        rule = jax.ffi.ffi_lowering(TARGET, has_side_effect=True,
+                                    operand_output_aliases={0: 0} if alias else None)
+        values = list(rule(with_token, *operands, token, key=np.int64(key)))
+        ctx.set_tokens_out(mlir.TokenSet({effect: values.pop()}))
+        return values
+
+    prim.def_impl(lambda *args, **params: dispatch.apply_primitive(prim, *args, **params))
+    prim.def_effectful_abstract_eval(abstract_eval)
+    mlir.register_lowering(prim, lowering, platform="cpu")
+
+    def bind(*args: Any, key: int, results: tuple[Any, ...], alias: bool) -> list[Any]:
+        return prim.bind(*args, key=key, results=results, alias=alias)  # type: ignore[no-any-return]
+
+    return bind
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+_state: dict[str, Any] = {}
+
+
+def _try_load() -> tuple[Callable[..., list[Any]] | None, str]:
+    """Return (bind, why) for the FFI path, or (None, why not)."""
+    choice = os.environ.get("COLLS_JAX_JIT", "auto").strip().lower() or "auto"
+    if choice not in PATHS:
+        raise ValueError(f"colls_jax: COLLS_JAX_JIT must be one of {', '.join(PATHS)}, "
+                         f"got {choice!r}")
+    if choice == "callback":
+        return None, "COLLS_JAX_JIT=callback"
+    try:
+        from colls_jax import _ffi_native
+    except ImportError as exc:
+        return None, f"the extension colls_jax._ffi_native is not built ({exc})"
+    if getattr(_ffi_native, "INTERFACE", None) != INTERFACE:
+        return None, (f"{_ffi_native.__file__} has interface "
+                      f"{getattr(_ffi_native, 'INTERFACE', None)}, not {INTERFACE} "
+                      "(built from an older _ffi_native.c; reinstall colls to rebuild it)")
+    try:
+        if "built" not in _state:  # once per process: JAX keeps primitives and targets
+            _state["built"] = _build_primitive()
+            jax.ffi.register_ffi_target(TARGET, _ffi_native.handler(), platform="cpu")
+        bind = _state["built"]
+    except Exception as exc:  # a JAX without these internals: the callbacks still work
+        return None, f"this JAX ({jax.__version__}) cannot host it ({type(exc).__name__}: {exc})"
+    _ffi_native.set_dispatch(_dispatch)
+    return bind, f"XLA FFI custom call {TARGET!r} ({_ffi_native.__file__})"
+
+
+def load() -> Callable[..., list[Any]] | None:
+    """Return the primitive's ``bind`` if the FFI path is used in this process, else None.
+
+    Decided once per process, at the first collective staged into a trace.
+    """
+    if "bind" not in _state:
+        bind, why = _try_load()
+        if bind is None and os.environ.get("COLLS_JAX_JIT", "").strip().lower() == "ffi":
+            raise RuntimeError(f"colls_jax: COLLS_JAX_JIT=ffi but the FFI path cannot load: "
+                               f"{why}")
+        _state["bind"], _state["why"] = bind, why
+        path = "ffi" if bind is not None else "callback"
+        message = f"colls_jax: jit path: {path}: {why}"
+        logger.info(message)
+        if env.get("COLLS_DEBUG") != "off":
+            print(message, file=sys.stderr, flush=True)
+    return _state["bind"]  # type: ignore[no-any-return]
+
+
+def reset() -> None:
+    """Forget the path chosen, so that the next staged collective reads ``COLLS_JAX_JIT`` again.
+
+    For tests that run both paths in one process; functions JAX already compiled keep theirs
+    (``jax.clear_caches()`` drops them).
+    """
+    _state.pop("bind", None)
+    _state.pop("why", None)
+
+
+def path() -> str:
+    """Return "ffi" or "callback": the path jitted collectives take in this process."""
+    return "ffi" if load() is not None else "callback"
+
+
+def why() -> str:
+    """Return why that path was chosen."""
+    load()
+    return str(_state["why"])

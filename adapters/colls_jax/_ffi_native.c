@@ -1,0 +1,294 @@
+/* colls_jax._ffi_native: the XLA FFI handler of colls_jax's jit path (optional extension).
+ *
+ * Inside jax.jit every colls_jax collective is an XLA custom call to the target
+ * "colls_jax_call" (colls_jax/_ffi.py). XLA calls `handler` below with a call frame that holds
+ * pointers to its own input and output buffers and one attribute, `key`: the index of the call
+ * site in colls_jax._ffi's table (the collective and its static arguments, bound at trace time).
+ * The handler wraps each buffer in a writable memoryview (no copy), takes the GIL and calls the
+ * Python dispatcher set by `set_dispatch` as dispatch(key, inputs, outputs); the dispatcher views
+ * them as NumPy arrays and runs the group's backend call on them. A Python exception becomes an
+ * XLA FFI error carrying its message, which JAX raises to the caller.
+ *
+ * Ordering tokens (operands and results of dtype TOKEN) are skipped: they only order the calls.
+ *
+ * The structs below are the subset of XLA's FFI C API (xla/ffi/api/c_api.h, API 0.x, shipped in
+ * jaxlib under jax.ffi.include_dir()) that this handler reads, declared here so that the
+ * extension builds without jaxlib installed at build time. The C API is versioned and keeps its
+ * layout stable; the handler reports API version 0.1 in its metadata.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INTERFACE 1
+
+/* -- the subset of xla/ffi/api/c_api.h ---------------------------------------------------- */
+
+typedef struct XLA_FFI_Extension_Base {
+    size_t struct_size;
+    int type; /* XLA_FFI_Extension_Type */
+    struct XLA_FFI_Extension_Base *next;
+} XLA_FFI_Extension_Base;
+
+enum { XLA_FFI_Extension_Metadata = 1 };
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    int major_version;
+    int minor_version;
+} XLA_FFI_Api_Version;
+
+typedef struct {
+    int64_t type_id;
+} XLA_FFI_TypeId;
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Api_Version api_version;
+    uint32_t traits;
+    XLA_FFI_TypeId state_type_id;
+} XLA_FFI_Metadata;
+
+typedef struct {
+    XLA_FFI_Extension_Base extension_base;
+    XLA_FFI_Metadata *metadata;
+} XLA_FFI_Metadata_Extension;
+
+typedef struct XLA_FFI_Error XLA_FFI_Error;
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    const char *message;
+    int errc; /* XLA_FFI_Error_Code */
+} XLA_FFI_Error_Create_Args;
+
+enum { XLA_FFI_Error_Code_INTERNAL = 13 };
+
+typedef XLA_FFI_Error *XLA_FFI_Error_Create(XLA_FFI_Error_Create_Args *args);
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    XLA_FFI_Api_Version api_version;
+    const void *internal_api;
+    XLA_FFI_Error_Create *XLA_FFI_Error_Create; /* the first function of the table */
+} XLA_FFI_Api;
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    int dtype; /* XLA_FFI_DataType */
+    void *data;
+    int64_t rank;
+    int64_t *dims;
+} XLA_FFI_Buffer;
+
+enum { XLA_FFI_DataType_TOKEN = 17, XLA_FFI_DataType_S64 = 5 };
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    int64_t size;
+    int *types;
+    void **items;
+} XLA_FFI_Items; /* XLA_FFI_Args and XLA_FFI_Rets share this layout */
+
+typedef struct {
+    const char *ptr;
+    size_t len;
+} XLA_FFI_ByteSpan;
+
+typedef struct {
+    int dtype;
+    void *value;
+} XLA_FFI_Scalar;
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    int64_t size;
+    int *types;
+    XLA_FFI_ByteSpan **names;
+    void **attrs;
+} XLA_FFI_Attrs;
+
+enum { XLA_FFI_AttrType_SCALAR = 3 };
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    const XLA_FFI_Api *api;
+    void *ctx;
+    int stage;
+    XLA_FFI_Items args;
+    XLA_FFI_Items rets;
+    XLA_FFI_Attrs attrs;
+    void *future;
+} XLA_FFI_CallFrame;
+
+/* -- the handler ------------------------------------------------------------------------- */
+
+static PyObject *dispatch = NULL; /* set by set_dispatch; a strong reference */
+static char empty_buffer[1];      /* what a zero-byte buffer (data may be NULL) is viewed as */
+
+static size_t dtype_bytes(int dtype) {
+    switch (dtype) {
+    case 1: case 2: case 6: case 19: case 20: case 23: case 24: case 25: case 28: case 29: case 33:
+        return 1; /* PRED, S8, U8, F8 types */
+    case 3: case 7: case 10: case 16:
+        return 2; /* S16, U16, F16, BF16 */
+    case 4: case 8: case 11:
+        return 4; /* S32, U32, F32 */
+    case 5: case 9: case 12: case 15:
+        return 8; /* S64, U64, F64, C64 */
+    case 18:
+        return 16; /* C128 */
+    default:
+        return 0;
+    }
+}
+
+static XLA_FFI_Error *make_error(const XLA_FFI_CallFrame *frame, const char *message) {
+    XLA_FFI_Error_Create_Args args;
+    memset(&args, 0, sizeof args);
+    args.struct_size = sizeof args;
+    args.message = message;
+    args.errc = XLA_FFI_Error_Code_INTERNAL;
+    return frame->api->XLA_FFI_Error_Create(&args);
+}
+
+/* Return a tuple of writable memoryviews of the non-token buffers, or NULL (Python error). */
+static PyObject *views(const XLA_FFI_Items *items) {
+    Py_ssize_t count = 0;
+    for (int64_t i = 0; i < items->size; i++) {
+        if (((XLA_FFI_Buffer *)items->items[i])->dtype != XLA_FFI_DataType_TOKEN) count++;
+    }
+    PyObject *tuple = PyTuple_New(count);
+    if (tuple == NULL) return NULL;
+    Py_ssize_t at = 0;
+    for (int64_t i = 0; i < items->size; i++) {
+        XLA_FFI_Buffer *buf = (XLA_FFI_Buffer *)items->items[i];
+        if (buf->dtype == XLA_FFI_DataType_TOKEN) continue;
+        size_t width = dtype_bytes(buf->dtype);
+        if (width == 0) {
+            Py_DECREF(tuple);
+            PyErr_Format(PyExc_TypeError, "colls_jax FFI: XLA dtype %d is not supported",
+                         buf->dtype);
+            return NULL;
+        }
+        Py_ssize_t nbytes = (Py_ssize_t)width;
+        for (int64_t d = 0; d < buf->rank; d++) nbytes *= (Py_ssize_t)buf->dims[d];
+        char *data = (nbytes == 0 || buf->data == NULL) ? empty_buffer : (char *)buf->data;
+        PyObject *view = PyMemoryView_FromMemory(data, nbytes, PyBUF_WRITE);
+        if (view == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, at++, view);
+    }
+    return tuple;
+}
+
+static int64_t key_of(const XLA_FFI_CallFrame *frame) {
+    for (int64_t i = 0; i < frame->attrs.size; i++) {
+        const XLA_FFI_ByteSpan *name = frame->attrs.names[i];
+        if (frame->attrs.types[i] != XLA_FFI_AttrType_SCALAR || name->len != 3 ||
+            memcmp(name->ptr, "key", 3) != 0) continue;
+        const XLA_FFI_Scalar *scalar = (const XLA_FFI_Scalar *)frame->attrs.attrs[i];
+        if (scalar->dtype == XLA_FFI_DataType_S64) return *(const int64_t *)scalar->value;
+    }
+    return -1;
+}
+
+static XLA_FFI_Error *run(const XLA_FFI_CallFrame *frame) {
+    int64_t key = key_of(frame);
+    if (key < 0) return make_error(frame, "colls_jax FFI: the call has no int64 attribute 'key'");
+    PyGILState_STATE gil = PyGILState_Ensure();
+    XLA_FFI_Error *error = NULL;
+    PyObject *ins = views(&frame->args);
+    PyObject *outs = ins == NULL ? NULL : views(&frame->rets);
+    PyObject *result = NULL;
+    if (outs != NULL) {
+        if (dispatch == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "colls_jax FFI: no dispatcher was set");
+        } else {
+            result = PyObject_CallFunction(dispatch, "LOO", (long long)key, ins, outs);
+        }
+    }
+    if (result == NULL) {
+        /* "TypeName: message", which JAX shows in the XlaRuntimeError it raises. */
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        PyErr_NormalizeException(&type, &value, &trace);
+        PyObject *text = value ? PyObject_Str(value) : NULL;
+        const char *name = type ? ((PyTypeObject *)type)->tp_name : "Error";
+        PyObject *message = PyUnicode_FromFormat("%s: %U", name,
+                                                 text ? text : PyUnicode_FromString("?"));
+        const char *utf8 = message ? PyUnicode_AsUTF8(message) : NULL;
+        error = make_error(frame, utf8 ? utf8 : "colls_jax FFI: the collective failed");
+        Py_XDECREF(message);
+        Py_XDECREF(text);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(trace);
+        PyErr_Clear();
+    }
+    Py_XDECREF(result);
+    Py_XDECREF(ins);
+    Py_XDECREF(outs);
+    PyGILState_Release(gil);
+    return error;
+}
+
+static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
+    XLA_FFI_Extension_Base *ext = frame->extension_start;
+    if (ext != NULL && ext->type == XLA_FFI_Extension_Metadata) {
+        /* XLA asks for the handler's API version and traits when it registers the target. */
+        XLA_FFI_Metadata *metadata = ((XLA_FFI_Metadata_Extension *)ext)->metadata;
+        metadata->api_version.major_version = 0;
+        metadata->api_version.minor_version = 1;
+        metadata->traits = 0;
+        return NULL;
+    }
+    return run(frame);
+}
+
+/* -- the module -------------------------------------------------------------------------- */
+
+static PyObject *py_handler(PyObject *self, PyObject *unused) {
+    return PyCapsule_New((void *)handler, NULL, NULL);
+}
+
+static PyObject *py_set_dispatch(PyObject *self, PyObject *fn) {
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "set_dispatch expects a callable");
+        return NULL;
+    }
+    Py_INCREF(fn);
+    Py_XSETREF(dispatch, fn);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"handler", py_handler, METH_NOARGS, "The XLA FFI handler, as a PyCapsule."},
+    {"set_dispatch", py_set_dispatch, METH_O,
+     "Set dispatch(key, inputs, outputs), called with tuples of memoryviews."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_ffi_native", "colls_jax's XLA FFI handler.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__ffi_native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "INTERFACE", INTERFACE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
