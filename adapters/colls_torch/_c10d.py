@@ -50,6 +50,7 @@ from colls.registry import REGISTRY
 from colls.work import all_done
 from colls_torch._errors import backend_call, translated
 from colls_torch._ops import check_reduction, to_colls
+from colls_torch._sparse import all_reduce_sparse, is_sparse
 from colls_torch._stores import as_colls_store
 from colls_torch._submit import submit
 from colls_torch._tensors import Staging
@@ -203,6 +204,11 @@ class ProcessGroupColls(_dist.ProcessGroup):
         tensors = _one(tensors)
         cop = self._reduce_op(opts if opts is not None else AllreduceOptions(), tensors,
                               "allreduce")
+        if tensors and is_sparse(tensors[0]):  # gloo's sparse sum (colls_torch._sparse)
+            self.calls_run += 1
+            for t in tensors:
+                all_reduce_sparse(t, cop, self._on(t))
+            return Work(colls.Work.completed(None), tensors)
         return self._all([self._allreduce_one(t, cop) for t in tensors], tensors)
 
     def _allreduce_one(self, tensor: torch.Tensor, cop: Any) -> Work | None:

@@ -19,6 +19,7 @@ from colls.registry import REGISTRY
 from colls_torch import _groups
 from colls_torch._errors import backend_call, boundary, translated
 from colls_torch._ops import ReduceOp, check_reduction, to_colls
+from colls_torch._sparse import all_reduce_sparse, is_sparse
 from colls_torch._submit import submit
 from colls_torch._tensors import (
     Staging,
@@ -27,7 +28,7 @@ from colls_torch._tensors import (
     ensure_same_dtype,
     shared_numpy,
 )
-from colls_torch._work import Work
+from colls_torch._work import Work, completed
 
 
 def _staging(pg: Any) -> Staging:
@@ -42,6 +43,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False) -> W
     if pg is None:
         return None
     cop = to_colls(op)
+    if is_sparse(tensor):  # gloo's semantics: the sum of every rank's sparse tensor
+        all_reduce_sparse(tensor, cop, pg)
+        return completed([tensor]) if async_op else None
     check_reduction(cop, tensor.dtype, "all_reduce")
     if not async_op and pg is REGISTRY.default:
         array = shared_numpy(tensor)
@@ -286,10 +290,11 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
 
     Works over every colls backend (torch's runs on gloo only).
     """
-    if _groups.member(group, "monitored_barrier") is None:
+    pg = _groups.member(group, "monitored_barrier")
+    if pg is None:
         return None
     with translated():
-        colls.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        colls.monitored_barrier(group=pg, timeout=timeout, wait_all_ranks=wait_all_ranks)
     return None
 
 

@@ -4,8 +4,9 @@ colls raises its own family (:mod:`colls.errors`); torch users catch ``DistError
 :data:`COLLS_TO_TORCH` is the single table that maps one to the other, most specific class
 first. :func:`translated` applies it: every public function of colls_torch is decorated with
 :func:`boundary`, :class:`colls_torch.Work` calls :func:`translated` around ``wait()``, and the
-stores wrap their methods the same way. The torch error carries colls' message and is chained
-(``raise ... from exc``) so the original is never lost.
+stores wrap their methods the same way. The torch error carries colls' message (a timeout's
+with torch's wording first, :func:`torch_message`) and is chained (``raise ... from exc``) so
+the original is never lost.
 
 Caller mistakes keep their Python types (``TypeError``/``ValueError``), as in torch, with one
 rule for gloo parity: an argument error that colls detects *inside* a collective (a list of the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
@@ -96,6 +98,37 @@ COLLS_TO_TORCH: Final[tuple[tuple[type[BaseException], type[BaseException] | Non
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: The limit a colls timeout message states ("did not complete within 1.0 s", "in 1000 ms").
+_LIMIT = re.compile(r"\b(?:within|in|after) (\d+(?:\.\d+)?) ?(ms|s)\b")
+#: The operation a colls timeout message names, for torch's "for recv operation".
+_OPERATION = re.compile(
+    r"\b(monitored_barrier|barrier|all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|"
+    r"broadcast|reduce|gather|scatter|recv|send)\b"
+)
+
+
+def torch_message(exc: BaseException) -> str:
+    """Return the message of the torch error standing for ``exc``.
+
+    A collective's timeout carries torch's wording first, which torch's tests and users match
+    on (gloo: "Timed out waiting 1000ms for recv operation to complete"), then colls' detail:
+    ``[colls] Timed out waiting 1000ms for barrier operation to complete: barrier on group
+    'default_pg' (rank 0 of 2) did not complete within 1.0 s``. Every other error keeps colls'
+    message.
+    """
+    text = str(exc)
+    if not isinstance(exc, CollsTimeoutError) or isinstance(exc, StoreError):
+        return text
+    limit = _LIMIT.search(text)
+    waited = ""
+    if limit is not None:
+        scale = 1 if limit[2] == "ms" else 1000
+        waited = f" {round(float(limit[1]) * scale)}ms"
+    operation = _OPERATION.search(text)
+    what = f"{operation[1]} operation" if operation is not None else "the operation"
+    return f"[colls] Timed out waiting{waited} for {what} to complete: {text}"
+
+
 def torch_class_for(exc: BaseException) -> type[BaseException] | None:
     """Return the torch exception class for ``exc``, or None to re-raise it unchanged."""
     if not isinstance(exc, CollsError):
@@ -111,7 +144,7 @@ def to_torch(exc: BaseException) -> BaseException:
     cls = torch_class_for(exc)
     if cls is None:
         return exc
-    new = cls(str(exc))
+    new = cls(torch_message(exc))
     new.__cause__ = exc
     return new
 
@@ -125,7 +158,7 @@ def translated() -> Iterator[None]:
         cls = torch_class_for(exc)
         if cls is None:
             raise
-        raise cls(str(exc)) from exc
+        raise cls(torch_message(exc)) from exc
 
 
 @contextlib.contextmanager
@@ -171,5 +204,6 @@ __all__ = [
     "boundary",
     "to_torch",
     "torch_class_for",
+    "torch_message",
     "translated",
 ]

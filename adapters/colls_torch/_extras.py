@@ -93,25 +93,29 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None,
 # -- the *_multigpu forms (torch 1.x signatures) ------------------------------------------------
 
 
-def _multi(tensor_list: Any, group: Any, op_name: str) -> tuple[Staging, list[torch.Tensor]]:
-    """Check a local tensor list; return its staging and what colls moves (None: non-member)."""
+def _multi(tensor_list: Any, group: Any, op_name: str
+           ) -> tuple[Any, Staging, list[torch.Tensor]]:
+    """Check a local tensor list; return the colls group (None: a non-member), its staging and
+    what colls moves. colls gets the resolved group, never the torch group object."""
     check_tensor_list(tensor_list, "tensor_list")
     ensure_same_dtype(tensor_list)
     pg = _groups.member(group, op_name, tensor_list)
     st = Staging(pg.backend.devices if pg is not None else ())
-    return st, st.targets(tensor_list)
+    return pg, st, st.targets(tensor_list)
 
 
 @boundary
 def all_reduce_multigpu(tensor_list, op=ReduceOp.SUM, group=None, async_op=False
                         ) -> Work | None:
     """Reduce every tensor of every process's list; every tensor gets the result."""
-    st, ts = _multi(tensor_list, group, "all_reduce_multigpu")
+    pg, st, ts = _multi(tensor_list, group, "all_reduce_multigpu")
+    if pg is None:
+        return None
     cop = to_colls(op)
     if tensor_list:
         check_reduction(cop, tensor_list[0].dtype, "all_reduce_multigpu")
     return submit(
-        st, lambda a: colls.all_reduce_multigpu(ts, op=cop, group=group, async_op=a),
+        st, lambda a: colls.all_reduce_multigpu(ts, op=cop, group=pg, async_op=a),
         tensor_list, async_op,
     )
 
@@ -120,9 +124,11 @@ def all_reduce_multigpu(tensor_list, op=ReduceOp.SUM, group=None, async_op=False
 def broadcast_multigpu(tensor_list, src, group=None, async_op=False, src_tensor=0
                        ) -> Work | None:
     """Copy ``tensor_list[src_tensor]`` of rank ``src`` into every tensor of every list."""
-    st, ts = _multi(tensor_list, group, "broadcast_multigpu")
+    pg, st, ts = _multi(tensor_list, group, "broadcast_multigpu")
+    if pg is None:
+        return None
     return submit(
-        st, lambda a: colls.broadcast_multigpu(ts, src, group=group, async_op=a,
+        st, lambda a: colls.broadcast_multigpu(ts, src, group=pg, async_op=a,
                                                src_tensor=src_tensor),
         tensor_list, async_op,
     )
@@ -132,12 +138,14 @@ def broadcast_multigpu(tensor_list, src, group=None, async_op=False, src_tensor=
 def reduce_multigpu(tensor_list, dst, op=ReduceOp.SUM, group=None, async_op=False,
                     dst_tensor=0) -> Work | None:
     """Reduce every tensor of every list into ``tensor_list[dst_tensor]`` of rank ``dst``."""
-    st, ts = _multi(tensor_list, group, "reduce_multigpu")
+    pg, st, ts = _multi(tensor_list, group, "reduce_multigpu")
+    if pg is None:
+        return None
     cop = to_colls(op)
     if tensor_list:
         check_reduction(cop, tensor_list[0].dtype, "reduce_multigpu")
     return submit(
-        st, lambda a: colls.reduce_multigpu(ts, dst, op=cop, group=group, async_op=a,
+        st, lambda a: colls.reduce_multigpu(ts, dst, op=cop, group=pg, async_op=a,
                                             dst_tensor=dst_tensor),
         tensor_list, async_op,
     )
@@ -147,7 +155,9 @@ def reduce_multigpu(tensor_list, dst, op=ReduceOp.SUM, group=None, async_op=Fals
 def all_gather_multigpu(output_tensor_lists, input_tensor_list, group=None, async_op=False
                         ) -> Work | None:
     """Each output list gets every input of every process, ordered by (rank, index)."""
-    st, ins = _multi(input_tensor_list, group, "all_gather_multigpu")
+    pg, st, ins = _multi(input_tensor_list, group, "all_gather_multigpu")
+    if pg is None:
+        return None
     if not isinstance(output_tensor_lists, list):
         raise TypeError("Invalid function argument: output_tensor_lists should be a list")
     for out_list in output_tensor_lists:
@@ -155,7 +165,7 @@ def all_gather_multigpu(output_tensor_lists, input_tensor_list, group=None, asyn
     outs = [st.targets(lst) for lst in output_tensor_lists]
     result = [t for lst in output_tensor_lists for t in lst]
     return submit(
-        st, lambda a: colls.all_gather_multigpu(outs, ins, group=group, async_op=a), result,
+        st, lambda a: colls.all_gather_multigpu(outs, ins, group=pg, async_op=a), result,
         async_op,
     )
 
@@ -164,7 +174,9 @@ def all_gather_multigpu(output_tensor_lists, input_tensor_list, group=None, asyn
 def reduce_scatter_multigpu(output_tensor_list, input_tensor_lists, op=ReduceOp.SUM,
                             group=None, async_op=False) -> Work | None:
     """Output i of rank r gets entry ``r * k + i`` reduced over every input list everywhere."""
-    st, outs = _multi(output_tensor_list, group, "reduce_scatter_multigpu")
+    pg, st, outs = _multi(output_tensor_list, group, "reduce_scatter_multigpu")
+    if pg is None:
+        return None
     if not isinstance(input_tensor_lists, list):
         raise TypeError("Invalid function argument: input_tensor_lists should be a list")
     for in_list in input_tensor_lists:
@@ -174,7 +186,7 @@ def reduce_scatter_multigpu(output_tensor_list, input_tensor_lists, op=ReduceOp.
         check_reduction(cop, output_tensor_list[0].dtype, "reduce_scatter_multigpu")
     ins = [st.sources(lst) for lst in input_tensor_lists]
     return submit(
-        st, lambda a: colls.reduce_scatter_multigpu(outs, ins, op=cop, group=group, async_op=a),
+        st, lambda a: colls.reduce_scatter_multigpu(outs, ins, op=cop, group=pg, async_op=a),
         output_tensor_list, async_op,
     )
 
