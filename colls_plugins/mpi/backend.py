@@ -269,12 +269,22 @@ class MpiBackend(Backend):
 
     def _track(self, request: Any, array: Any, what: str, finish: Callable[[Any], Any],
                describe: Callable[[Exception, Any], BaseException]) -> Work:
-        future = DrivenFuture(self._MPI.Status, self._spin_tests)
+        status = self._MPI.Status()
+        try:  # a small send, or a message already here: done now, no thread, no driving
+            done = request.Test(status)
+        except self._MPI.Exception as exc:
+            return Work.failed(describe(exc, status), description=f"mpi {what}")
+        if done:
+            try:
+                value = finish(status)
+            except BaseException as exc:  # delivered through the Work, as test_once does
+                return Work.failed(exc, description=f"mpi {what}")
+            return Work.completed(value, description=f"mpi {what}")
+        future = DrivenFuture(self._MPI.Status, self._spin_tests, self._progress)
         work = Work(future, description=f"mpi {what} on {self._where}",
                     default_timeout=self.timeout)
         item = future.item = Pending(request, work, array, finish, describe)
-        if not test_once(item, self._MPI.Status()):
-            self._progress.add(item)
+        self._progress.add(item)
         return work
 
     def _received(self, what: str, expected: int, status: Any) -> int:

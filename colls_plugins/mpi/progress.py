@@ -8,16 +8,20 @@ owner waits on it, computes, or forgets it. So each backend has one :class:`Prog
 rest to this thread, which ``Test``\\ s its pending requests and completes their Works.
 
 Latency and CPU: a thread that waits on a Work tests its request itself for a while (like
-``MPI_Wait``, see :class:`DrivenFuture`), so a waited-on message is seen at once. The progress
-thread never spins: it sleeps on a condition while nothing is pending, and while requests are
-pending it polls with a back-off from :data:`MIN_SLEEP` to :data:`MAX_SLEEP`, skipping requests a
-waiter is driving. A Work nobody waits on therefore completes at most ``MAX_SLEEP`` after MPI
-finished it, and a receive pending for minutes costs a wake-up per millisecond, not a core.
+``MPI_Wait``, see :class:`DrivenFuture`), so a waited-on message is seen at once, and the
+progress thread leaves every request alone while any waiter drives one (the waiter's MPI calls
+progress them all; the thread's tests would only contend for the GIL and MPI's lock). The
+blocking ``send``/``recv`` of the backend skip Works and this thread altogether. The progress
+thread never spins: while requests are pending it polls with a back-off from :data:`MIN_SLEEP`
+to :data:`MAX_SLEEP`; for :data:`LINGER_S` after the last one it looks every :data:`LINGER_LOOK_S`
+without being woken per request (being woken took the GIL from the caller every message), then
+sleeps on a condition until woken. A Work nobody waits on therefore completes at most about
+``LINGER_LOOK_S`` after MPI finished it, and a receive pending for minutes costs a wake-up per
+millisecond, not a core.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import threading
 import time
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from colls.completion import Completion
 from colls.errors import BackendError
 from colls.work import Work
 
@@ -39,6 +44,11 @@ MAX_SLEEP: Final = 1e-3
 #: completed, before it sleeps until woken: a program exchanging messages in a loop is not
 #: woken per message (each wake-up took the GIL from the caller), an idle one costs nothing.
 LINGER_S: Final = 0.5
+#: Seconds between the thread's looks while it lingers, or while a waiter drives a request.
+#: Each look takes the GIL; on a crowded host the OS may preempt the thread holding it, which
+#: stalled the caller for milliseconds: a look per millisecond made isend/irecv + wait ten times
+#: slower than MPI's under load, as tcp's progress thread did (docs/benchmarks.md).
+LINGER_LOOK_S: Final = 20e-3
 #: How long close() waits for the thread to leave MPI.
 JOIN_TIMEOUT: Final = 5.0
 #: A thread that waits on a request tests it back to back this many times, then yields the CPU
@@ -108,7 +118,7 @@ def _complete(item: Pending) -> None:
     item.buffer = None  # MPI is done with it
 
 
-class DrivenFuture(concurrent.futures.Future[Any]):
+class DrivenFuture(Completion):
     """A Future whose ``result()`` first drives its MPI request on the waiting thread.
 
     Waiting on a point-to-point Work then costs what ``MPI_Wait`` costs, with no hand-off to and
@@ -121,12 +131,13 @@ class DrivenFuture(concurrent.futures.Future[Any]):
             (the backend's: more when every rank has a core of its own, as for collectives).
     """
 
-    def __init__(self, new_status: Callable[[], Any], spin_tests: int = YIELD_AFTER_TESTS
-                 ) -> None:
+    def __init__(self, new_status: Callable[[], Any], spin_tests: int = YIELD_AFTER_TESTS,
+                 progress: Progress | None = None) -> None:
         super().__init__()
         self.item: Pending | None = None
         self._new_status = new_status
         self._spin_tests = spin_tests
+        self._progress = progress
 
     def result(self, timeout: float | None = None) -> Any:
         """Drive the request for a while, then wait for the result as a Future does."""
@@ -139,6 +150,9 @@ class DrivenFuture(concurrent.futures.Future[Any]):
         tests = 0
         item.driven = True  # the progress thread backs off meanwhile: no fight over the GIL
         spin = self._spin_tests
+        progress = self._progress
+        if progress is not None:
+            progress.driving(1)
         try:
             # test_once is True once the request is done, whoever saw it (item.done): no
             # Future lock per test, and the clock read only while yielding.
@@ -150,6 +164,8 @@ class DrivenFuture(concurrent.futures.Future[Any]):
                         break
         finally:
             item.driven = False
+            if progress is not None:
+                progress.driving(-1)
         remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
         return super().result(remaining)
 
@@ -171,6 +187,15 @@ class Progress:
         self._closed = False
         #: Whether the thread waits without a timeout (idle for LINGER_S): add() must wake it.
         self._deep_sleep = False
+        #: Threads driving a request now (DrivenFuture): while one does, its MPI calls progress
+        #: every request, and the thread's tests would only contend for the GIL and MPI's lock.
+        self._drivers = 0
+        self._drivers_lock = threading.Lock()
+
+    def driving(self, change: int) -> None:
+        """Count a waiter that starts (+1) or stops (-1) driving its request."""
+        with self._drivers_lock:
+            self._drivers += change
 
     def add(self, item: Pending) -> None:
         """Hand a posted request to the thread.
@@ -218,7 +243,7 @@ class Progress:
             with self._cond:
                 while not active and not self._incoming and not self._closed:
                     if time.monotonic() - idle_since < LINGER_S:
-                        self._cond.wait(MAX_SLEEP)  # light sleep: add() does not notify
+                        self._cond.wait(LINGER_LOOK_S)  # light sleep: add() does not notify
                         continue
                     self._deep_sleep = True
                     try:
@@ -234,6 +259,9 @@ class Progress:
                 active.extend(new)
                 sleep = MIN_SLEEP
                 self._nap(FIRST_LOOK)  # a waiter usually drives it meanwhile, alone in MPI
+            if self._drivers:  # a waiter is in MPI: it progresses these too
+                self._nap(LINGER_LOOK_S)
+                continue
             still = [item for item in active if item.driven or not test_once(item, status)]
             if len(still) < len(active):
                 sleep = MIN_SLEEP
