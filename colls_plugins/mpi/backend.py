@@ -198,12 +198,15 @@ class MpiBackend(Backend):
         if is_device_array(array):
             super().send(array, dst, tag)  # staged through isend's Work
             return
-        if not (type(dst) is int and 0 <= dst < self.world_size) or tag < 0 or self._closed \
+        if not (type(dst) is int and 0 <= dst < self.world_size) or self._closed \
                 or self._broken is not None:
             self._check_blocking("send", dst, "dst", tag)
-        comm = self._comm if tag <= self._tag_ub else self._route(tag, f"send with tag {tag}")[0]
+        if 0 <= tag <= self._tag_ub:
+            comm, mpi_tag = self._comm, tag
+        else:  # colls' own (negative) tags, or one above MPI_TAG_UB (refused)
+            comm, mpi_tag = self._route(tag, f"send to rank {dst} with tag {tag}")
         try:
-            request = comm.Isend([array, self._BYTE], dst, tag)
+            request = comm.Isend([array, self._BYTE], dst, mpi_tag)
             if not request.Test():
                 self._wait_blocking(request, None, array, "send to", dst, tag)
         except self._MPI.Exception as exc:
@@ -214,15 +217,18 @@ class MpiBackend(Backend):
         sender's group rank. A message of another size raises a BackendError naming both."""
         if is_device_array(array):
             return super().recv(array, src, tag)
-        if not (src is None or (type(src) is int and 0 <= src < self.world_size)) or tag < 0 \
+        if not (src is None or (type(src) is int and 0 <= src < self.world_size)) \
                 or self._closed or self._broken is not None:
             self._check_blocking("recv", src, "src", tag)
-        comm = self._comm if tag <= self._tag_ub else self._route(tag, f"recv with tag {tag}")[0]
+        if 0 <= tag <= self._tag_ub:
+            comm, mpi_tag = self._comm, tag
+        else:  # colls' own (negative) tags, or one above MPI_TAG_UB (refused)
+            comm, mpi_tag = self._route(tag, f"recv from rank {src} with tag {tag}")
         MPI = self._MPI
         status = MPI.Status()
         try:
             request = comm.Irecv([array, self._BYTE], MPI.ANY_SOURCE if src is None else src,
-                                 tag)
+                                 mpi_tag)
             if not request.Test(status):
                 self._wait_blocking(request, status, array, "recv from", src, tag)
         except MPI.Exception as exc:

@@ -150,3 +150,22 @@ def blocking_p2p(rank: int, world_size: int) -> dict[str, Any]:
         time.sleep(3.0)  # past rank 1's timeout, so that the barrier below does not time out
     colls.barrier()
     return out
+
+
+def blocking_internal_tags(rank: int, world_size: int) -> dict[str, Any]:
+    """The backend's blocking send/recv with colls' own negative tags (its internal
+    communicator) and with a tag above MPI_TAG_UB (refused)."""
+    from colls import _dispatch
+
+    backend = _dispatch.default_group().backend
+    out: dict[str, Any] = {}
+    x = np.full(3, float(rank))
+    if rank == 0:
+        backend.send(x, 1, -12345)
+        out["sender"] = backend.recv(x, 1, -777)
+    else:
+        out["sender"] = backend.recv(x, 0, -12345)
+        backend.send(x, 0, -777)
+    out["value"] = x.tolist()
+    out["too_big"] = _outcome(lambda: backend.send(x, 1 - rank, 1 << 40))
+    return out

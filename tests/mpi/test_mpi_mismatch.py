@@ -101,3 +101,12 @@ def test_blocking_send_and_recv_run_on_the_callers_thread_with_the_group_timeout
     assert "mpi recv from rank 0 with tag 9" in late["message"]
     assert "did not complete within 2.0 s" in late["message"]
     assert 1.5 < late["seconds"] < PROMPTLY
+
+
+def test_blocking_send_and_recv_route_colls_own_tags_and_refuse_huge_ones() -> None:
+    outcomes = run_mpi(w.blocking_internal_tags, 2, timeout=60)
+    for rank, got in enumerate(outcomes):
+        assert got["sender"] == 1 - rank
+        assert got["value"] == [0.0] * 3
+        assert got["too_big"]["error"] == "ValueError"
+        assert "exceeds MPI_TAG_UB" in got["too_big"]["message"]
