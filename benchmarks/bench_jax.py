@@ -90,9 +90,10 @@ def worker(impl: str, backend: str, sizes: list[int]) -> None:
         def all_reduce(v):  # type: ignore[no-untyped-def]
             return mpi4jax.allreduce(v, op=MPI.SUM, comm=comm)
     else:
-        import colls
         import colls_jax
         from colls_jax import _ffi
+
+        import colls
 
         colls.init_process_group(backend)
         rank, size = colls.get_rank(), colls.get_world_size()
@@ -174,8 +175,8 @@ def driver(nprocs: list[int], sizes_arg: str, timeout: float) -> None:
                 print(f"  colls_jax {key}: jit path {r.get('jit_path')}, eager 8 B "
                       f"{r['eager_8B_us']:.1f} us vs colls NumPy {r['numpy_8B_us']:.1f} us "
                       f"({r['eager_8B_us'] / r['numpy_8B_us']:.2f}x)")
-        print(f"| size | mpi4jax | colls_jax tcp | colls_jax mpi | tcp / mpi4jax | "
-              f"mpi / mpi4jax |")
+        print("| size | mpi4jax | colls_jax tcp | colls_jax mpi | tcp / mpi4jax | "
+              "mpi / mpi4jax |")
         print("|---|---|---|---|---|---|")
         for nbytes in sizes:
             vals = [got[k]["us"][str(nbytes)] if got[k] else None  # type: ignore[index]

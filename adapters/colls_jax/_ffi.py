@@ -71,16 +71,27 @@ def _view(buffer: memoryview, aval: Any) -> np.ndarray:
     return np.frombuffer(buffer, dtype=aval.dtype).reshape(aval.shape)
 
 
-def site(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...]) -> Runner:
+def site(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...],
+         alias: bool = False) -> Runner:
     """Return the runner of one call site: ``host(*inputs, *outputs)`` on views of the buffers.
 
     ``ins`` and ``outs`` are the avals (shape, dtype) of the call's arrays, fixed at trace time.
+    With ``alias`` the output is the input's buffer (``input_output_aliases``): the one view is
+    passed as both, so the host function sees that they are the same array.
     """
     in_avals, out_avals = tuple(ins), tuple(outs)
 
+    def run_aliased(in_buffers: tuple[memoryview, ...], out_buffers: tuple[memoryview, ...]
+                    ) -> None:
+        out = _view(out_buffers[0], out_avals[0])
+        host(out, out)
+
+    if alias:
+        return run_aliased
+
     def run(in_buffers: tuple[memoryview, ...], out_buffers: tuple[memoryview, ...]) -> None:
-        arrays = [_view(b, a) for b, a in zip(in_buffers, in_avals)]
-        arrays += [_view(b, a) for b, a in zip(out_buffers, out_avals)]
+        arrays = [_view(b, a) for b, a in zip(in_buffers, in_avals, strict=True)]
+        arrays += [_view(b, a) for b, a in zip(out_buffers, out_avals, strict=True)]
         host(*arrays)
 
     return run

@@ -154,9 +154,10 @@ def _staged(op: HostOp, x: jax.Array) -> jax.Array | None:
     bind = _ffi.load()
     if bind is not None:
         outs = () if result is None else (result,)
-        key = _ffi.add_site(_ffi.site(op.host, (jax.ShapeDtypeStruct(x.shape, x.dtype),), outs))
-        values = bind(x, key=key, results=tuple(_aval(r) for r in outs),
-                      alias=op.in_place and result is not None)
+        alias = op.in_place and result is not None
+        spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        key = _ffi.add_site(_ffi.site(op.host, (spec,), outs, alias=alias))
+        values = bind(x, key=key, results=tuple(_aval(r) for r in outs), alias=alias)
         return values[0] if values else None
     return io_callback(lambda v: _run_host(op, v), result, x, ordered=True)
 

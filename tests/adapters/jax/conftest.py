@@ -27,7 +27,7 @@ def world1() -> Iterator[None]:
 
 
 def ffi_built() -> bool:
-    """Whether colls_jax's optional FFI extension was built (setup.py skips it without a compiler)."""
+    """Whether colls_jax's optional FFI extension was built (setup.py skips it if it cannot)."""
     try:
         from colls_jax import _ffi_native  # noqa: F401
     except ImportError:

@@ -310,9 +310,8 @@ def collectives_suite(rank: int, size: int) -> dict[str, Any]:
 
 def jit_and_grad_suite(rank: int, size: int) -> dict[str, Any]:
     """no_reordering, then the gradient checks of jax_grad_workers, in one job."""
-    from jax_grad_workers import data_parallel, vjps
-
     from colls_jax import _ffi
+    from jax_grad_workers import data_parallel, vjps
 
     return {"order": no_reordering(rank, size), "vjps": vjps(rank, size),
             "data_parallel": data_parallel(rank, size), "jit_path": _ffi.path()}

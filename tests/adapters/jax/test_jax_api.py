@@ -287,7 +287,8 @@ def test_a_collective_on_a_captured_constant_runs_on_every_call(monkeypatch) -> 
     """A concrete array in a jitted function's closure is staged, not reduced once at trace."""
     calls = []
     real = _host.all_reduce
-    monkeypatch.setattr(_host, "all_reduce", lambda x, out, **kw: (calls.append(1), real(x, out, **kw))[1])
+    monkeypatch.setattr(_host, "all_reduce",
+                        lambda x, out, **kw: (calls.append(1), real(x, out, **kw))[1])
     constant = jnp.asarray(X)
     jitted = jax.jit(lambda: cj.all_reduce(constant))
     for _ in range(2):
