@@ -335,3 +335,26 @@ def test_the_chosen_path_is_reported_under_colls_debug(jit_path: str, monkeypatc
     _ffi.reset()
     jax.jit(cj.all_reduce).lower(jnp.asarray(X))
     assert f"colls_jax: jit path: {jit_path}: " in capsys.readouterr().err
+
+
+def test_without_the_extension_jit_falls_back_to_callbacks(monkeypatch, capsys) -> None:
+    """A checkout built without a C compiler: auto takes the callbacks, ffi says why it can't."""
+    import sys
+
+    from colls_jax import _ffi
+
+    monkeypatch.setitem(sys.modules, "colls_jax._ffi_native", None)  # import raises ImportError
+    monkeypatch.setenv("COLLS_DEBUG", "info")
+    monkeypatch.setenv("COLLS_JAX_JIT", "auto")
+    _ffi.reset()
+    jax.clear_caches()
+    assert _ffi.path() == "callback"
+    assert "colls_jax: jit path: callback: the extension colls_jax._ffi_native is not built" in (
+        capsys.readouterr().err)
+    np.testing.assert_array_equal(jax.jit(lambda x: cj.all_reduce(x) * 2)(jnp.asarray(X)), X * 2)
+    monkeypatch.setenv("COLLS_JAX_JIT", "ffi")
+    _ffi.reset()
+    with pytest.raises(RuntimeError, match=r"COLLS_JAX_JIT=ffi but the FFI path cannot load: "
+                                           r"the extension colls_jax\._ffi_native is not built"):
+        _ffi.path()
+    _ffi.reset()
