@@ -10,7 +10,8 @@
 
 Every function returns new arrays (JAX arrays are immutable: there are no in-place or async
 forms). Called on concrete arrays they run at once; inside ``jax.jit`` (or grad, vmap) they
-become ordered host callbacks, which run in program order on every rank, so independent
+become ordered XLA FFI custom calls on XLA's own buffers (ordered host callbacks when the
+optional extension is not built), which run in program order on every rank, so independent
 collectives of one jitted function cannot be reordered into a deadlock. The linear ones are
 differentiable with ``jax.grad``; ``jax.vmap`` maps them onto one collective of the whole batch;
 ``pmap``/``shard_map`` are refused. See docs/jax.md.

@@ -10,7 +10,8 @@ barrier before each call, the median of:
 * ``numpy``: ``colls.all_reduce`` in place on a NumPy array (the core, the floor);
 * ``eager``: ``colls_jax.all_reduce`` on a concrete ``jax.Array`` (one copy in, one out);
 * ``jit``: a jitted function that only calls ``colls_jax.all_reduce`` (dispatch of the XLA
-  program, an ordered host callback, the copy of the result into XLA's buffer).
+  program and the ordered FFI custom call on XLA's buffers, or with ``COLLS_JAX_JIT=callback``
+  the ordered host callback and its copies). benchmarks/bench_jax.py compares with mpi4jax.
 
 Rank 0 prints one line per size with the medians and the jit - eager difference.
 """
