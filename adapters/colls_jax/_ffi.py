@@ -162,6 +162,10 @@ def _try_load() -> tuple[Callable[..., list[Any]] | None, str]:
                          f"got {choice!r}")
     if choice == "callback":
         return None, "COLLS_JAX_JIT=callback"
+    backend = jax.default_backend()
+    if backend != "cpu":  # the handler is registered for XLA's CPU platform only
+        return None, (f"JAX's default backend is {backend!r}; the FFI handler is for CPU only "
+                      "(a CUDA handler is not written yet)")
     try:
         from colls_jax import _ffi_native
     except ImportError as exc:
