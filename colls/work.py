@@ -229,7 +229,20 @@ def chain(work: Work, after: Callable[[Any], Any]) -> Work:
 
     A failure of ``work`` (or of ``after``) fails the returned Work; nothing is swallowed.
     """
-    chained = Work(_Driven(work.get_future()), description=work.description,
+    inner = work.get_future()
+    if inner.done() and work._fence is None:  # already over (a message that was there): no
+        # callback, so no Condition made for it (a few microseconds of a strided receive)
+        chained = Work(description=work.description, default_timeout=work.default_timeout)
+        exc = inner.exception()
+        if exc is not None:
+            chained.set_exception(exc)
+            return chained
+        try:
+            chained.set_result(after(inner.result()))
+        except BaseException as failure:
+            chained.set_exception(failure)
+        return chained
+    chained = Work(_Driven(inner), description=work.description,
                    default_timeout=work.default_timeout)
     chained._fence = work._fence  # ``after`` runs on the host: the device work is ``work``'s
 
