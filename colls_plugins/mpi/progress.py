@@ -56,8 +56,11 @@ JOIN_TIMEOUT: Final = 5.0
 #: shares the core (4 ranks on 2 cores ran 3x slower than MPICH's blocking call).
 YIELD_AFTER_TESTS: Final = 20
 #: Seconds a thread waiting on a point-to-point Work drives its request itself (like MPI_Wait,
-#: without a thread hand-off) before leaving it to the progress thread and sleeping.
-DRIVE_SECONDS: Final = 5e-3
+#: without a thread hand-off; yielding the CPU between tests after the first few) before
+#: leaving it to the progress thread and sleeping. 5 ms was too short on a loaded host: a peer
+#: descheduled for longer sent the wait to the thread, whose polls and GIL hand-offs then cost
+#: hundreds of microseconds per message (isend/irecv ping-pong: +125..600 us -> +43..120 us).
+DRIVE_SECONDS: Final = 1.0
 
 
 @dataclass(eq=False)
@@ -96,18 +99,22 @@ def test_once(item: Pending, status: Any) -> bool:
         try:
             complete = item.request.Test(status)
         except Exception as exc:  # mpi4py raises MPI.Exception (a RuntimeError subclass)
-            _complete(item)
             item.work.set_exception(item.describe(exc, status))
+            _complete(item)
             return True
         if not complete:
             return False
-        _complete(item)
         try:
             value = item.finish(status)
         except BaseException as exc:  # delivered through the Work, never lost
             item.work.set_exception(exc)
         else:
             item.work.set_result(value)
+        # Done only once the Work is: a waiter that sees ``done`` returns the Work's value at
+        # once. Marked first, a waiter found it done while this thread (the progress thread)
+        # still had to set the result, blocked on the Work, and waited for this thread to get
+        # the GIL back: hundreds of microseconds per message on a loaded host.
+        _complete(item)
         return True
     finally:
         item.lock.release()
