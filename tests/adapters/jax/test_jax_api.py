@@ -344,6 +344,7 @@ def test_without_the_extension_jit_falls_back_to_callbacks(monkeypatch, capsys) 
     from colls_jax import _ffi
 
     monkeypatch.setitem(sys.modules, "colls_jax._ffi_native", None)  # import raises ImportError
+    monkeypatch.delattr(cj, "_ffi_native", raising=False)  # and the package does not hold it
     monkeypatch.setenv("COLLS_DEBUG", "info")
     monkeypatch.setenv("COLLS_JAX_JIT", "auto")
     _ffi.reset()
