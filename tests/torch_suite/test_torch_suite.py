@@ -2,7 +2,7 @@
 
 The normal run takes a fast subset (:data:`FAST`: every kind of collective, point-to-point,
 groups, timeouts, sparse, object collectives, DDP) at 2 and 3 processes, about a minute each on
-a loaded 2-core machine. The whole suite on colls and on gloo at both sizes takes about ten
+a loaded 2-core machine. The whole suite on colls and on gloo at both sizes takes about eight
 minutes; it runs with ``COLLS_TORCH_SUITE=full`` (or ``python tests/torch_suite/run.py``).
 Either way every test passes on colls, or is listed in exclusions.py with its reason and fails.
 """
@@ -54,7 +54,7 @@ def test_torch_suite_subset_on_colls(world_size):
 
 @pytest.mark.timeout(2400)
 @pytest.mark.skipif(not FULL, reason="the whole suite on colls and gloo at 2 and 3 processes "
-                    "takes about ten minutes: set COLLS_TORCH_SUITE=full")
+                    "takes about eight minutes: set COLLS_TORCH_SUITE=full")
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_torch_suite_whole_on_colls_as_on_gloo(world_size):
     gloo = run_suite("gloo", world_size, timeout=1100)
