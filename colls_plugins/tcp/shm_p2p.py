@@ -519,16 +519,23 @@ class PollingFuture(Completion):
             self._group.wake_self()
 
     def result(self, timeout: float | None = None) -> Any:
-        """Poll the rings for a moment, then wait as a plain future does."""
-        if not self.done():
-            self._drive(timeout)
-        return super().result(timeout)
+        """Poll the rings for a moment, then wait as a plain future does, within ``timeout``."""
+        return super().result(self._driven(timeout))
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """Poll the rings for a moment, then wait as a plain future does."""
-        if not self.done():
-            self._drive(timeout)
-        return super().exception(timeout)
+        """Poll the rings for a moment, then wait as a plain future does, within ``timeout``."""
+        return super().exception(self._driven(timeout))
+
+    def _driven(self, timeout: float | None) -> float | None:
+        """Drive the receive unless it is over; return what is left of ``timeout`` for the wait.
+
+        The drive may use the whole timeout; the plain wait after it then only reports it.
+        """
+        if self.done():
+            return timeout
+        start = time.monotonic()
+        self._drive(timeout)
+        return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
 
 
 __all__ = [

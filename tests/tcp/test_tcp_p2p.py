@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tcp_helpers import run_ranks
 
-from colls.errors import BackendError
+from colls.errors import BackendError, CollsTimeoutError
 
 DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -244,3 +244,20 @@ def test_dtypes_without_a_buffer_export_move_as_bytes(group):
     a.isend(data, 1, 0).wait(WAIT)
     assert work.result() == 0
     assert out.view(np.uint16).tolist() == data.view(np.uint16).tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_receive_wait_ends_at_its_timeout_not_twice_it(group):
+    """A host peer's receive polls the rings before it waits; the two share one timeout."""
+    backends = group(2)
+    out = np.zeros(4)
+    work = backends[0].irecv(out, 1, 5)
+    start = time.monotonic()
+    with pytest.raises(CollsTimeoutError):
+        work.wait(1.0)
+    elapsed = time.monotonic() - start
+    assert 0.9 < elapsed < 1.6, elapsed  # the bug waited the whole timeout twice (2.0 s)
+    backends[1].isend(np.arange(4.0), 0, 5).wait(WAIT)
+    work.wait(WAIT)
+    assert work.result() == 1
+    np.testing.assert_array_equal(out, np.arange(4.0))
