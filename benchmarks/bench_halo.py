@@ -41,17 +41,14 @@ RESULT_PREFIX: Final = "BENCH_HALO "
 
 
 def _colls_iteration(u: np.ndarray, up: int, down: int, res: np.ndarray) -> Callable[[], None]:
+    """The example's own halo exchange (examples/heat2d.py), then the residual all_reduce."""
     import colls
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from heat2d import exchange_halos
+
     def iteration() -> None:
-        ops = [
-            colls.P2POp(colls.irecv, u[0], up, tag=1),
-            colls.P2POp(colls.irecv, u[-1], down, tag=0),
-            colls.P2POp(colls.isend, u[1], up, tag=0),
-            colls.P2POp(colls.isend, u[-2], down, tag=1),
-        ]
-        for work in colls.batch_isend_irecv(ops):
-            work.wait()
+        exchange_halos(u, up, down)
         res[0] = 1.0
         colls.all_reduce(res)
 
