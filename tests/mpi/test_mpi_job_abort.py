@@ -62,6 +62,19 @@ def test_an_uncaught_exception_stops_the_job_naming_the_rank(tmp_path: Path) -> 
     assert output.count("ValueError: boom on purpose") == 1, output  # one traceback
 
 
+def test_the_traceback_survives_torchs_excepthook(tmp_path: Path) -> None:
+    """Through colls_torch, torch's own excepthook (which buffers stderr to prefix each line with
+    the rank) wraps colls' abort hook: the traceback must still reach stderr before the abort."""
+    pytest.importorskip("torch", reason="needs torch")
+    script = RAISING_SCRIPT.replace("import colls\n", "import colls, colls_torch\n").replace(
+        'colls.init_process_group("mpi", timeout=100)', 'colls_torch.init_process_group("mpi")')
+    done, seconds = _mpiexec(tmp_path, script)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and seconds < STOPS_WITHIN_S, output
+    assert "colls: rank 1 of 2 stopped on an uncaught ValueError; aborting the MPI job" in output
+    assert output.count("ValueError: boom on purpose") == 1, output
+
+
 def test_mpiexec_ranks_get_one_openmp_thread_unless_told(tmp_path: Path) -> None:
     script = "import colls, os; print('threads', os.environ.get('OMP_NUM_THREADS'))\n"
     done, _ = _mpiexec(tmp_path, script)
