@@ -49,9 +49,11 @@ def test_launcher_flags_are_never_abbreviated(tmp_path: Path, monkeypatch: pytes
 @pytest.mark.parametrize("start_method", ["fork", "exec"])
 def test_a_launched_script_sees_its_own_options(tmp_path: Path, start_method: str) -> None:
     script = tmp_path / "heat.py"
+    # One write per line: workers' output is unbuffered (python -u, as under torchrun), so a
+    # print() is two writes and the two ranks' lines could splice on the shared stdout.
     script.write_text(
         "import json, os, sys\n"
-        "print(json.dumps([os.environ['RANK'], sys.argv[1:]]), flush=True)\n"
+        "sys.stdout.write(json.dumps([os.environ['RANK'], sys.argv[1:]]) + '\\n')\n"
     )
     done = subprocess.run(
         launcher_command(start_method, "--nproc-per-node", "2", str(script), "--n", "5",
