@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from colls.collective_table import PUBLIC_COLLECTIVES as _PUBLIC_COLLECTIVES
 from colls.launch_env import limit_threads_under_mpiexec as _limit_threads
 
 __version__ = "0.1.0"
@@ -39,20 +40,8 @@ _EXPORTS: dict[str, str] = {
     "group": "colls.registry",
     "GroupMember": "colls.registry",
     "ProcessGroup": "colls.process_group",
-    # collectives
-    "all_reduce": "colls.collectives",
-    "broadcast": "colls.collectives",
-    "reduce": "colls.collectives",
-    "all_gather": "colls.collectives",
-    "all_gather_into_tensor": "colls.collectives",
-    "gather": "colls.collectives",
-    "scatter": "colls.collectives",
-    "reduce_scatter": "colls.collectives",
-    "reduce_scatter_tensor": "colls.collectives",
-    "all_to_all": "colls.collectives",
-    "all_to_all_single": "colls.collectives",
-    "barrier": "colls.collectives",
-    "monitored_barrier": "colls.monitored",
+    # collectives (colls.collective_table)
+    **{name: c.module for name, c in _PUBLIC_COLLECTIVES.items()},
     # multigpu list forms
     "all_reduce_multigpu": "colls.multigpu",
     "broadcast_multigpu": "colls.multigpu",

@@ -25,7 +25,7 @@ Two layers, both built here and called from :mod:`colls._dispatch`:
   that differ and how, before any data moves; the group stays usable.
 
 Which argument's size must agree is op specific (``all_to_all`` sizes legitimately differ);
-:data:`AGREED_ARG` lists it per op. Ops not listed are checked on op, dtype, root and reduce op.
+:data:`AGREED_ARG` lists it per op (from :mod:`colls.collective_table`). Ops not listed are checked on op, dtype, root and reduce op.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from colls.collective_table import BY_WIRE_CODE, COLLECTIVES
 
 if TYPE_CHECKING:
     from colls.process_group import ProcessGroup
@@ -54,27 +56,13 @@ SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
 #: Op code of operations not in :data:`OP_CODES` (checked by hash only).
 UNKNOWN_OP_CODE = 0xFF
 
-#: Operations with a readable op code in tags. Append only: the codes are part of the wire.
-KNOWN_OPS = (
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
-    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "monitored_barrier", "fingerprint",
-)
-OP_CODES = {name: i + 1 for i, name in enumerate(KNOWN_OPS)}
+#: Operations with a readable op code in tags, by name: the wire codes of
+#: :mod:`colls.collective_table`.
+OP_CODES = {name: c.wire_code for name, c in COLLECTIVES.items()}
 
 #: Per op, the argument whose element count (and shape, under COLLS_DEBUG=detail) every rank
 #: must pass identically. Ops not listed have no agreed size (all_to_all, barrier, ...).
-AGREED_ARG = {
-    "all_reduce": "tensor",
-    "broadcast": "tensor",
-    "reduce": "tensor",
-    "all_gather": "tensor",
-    "all_gather_into_tensor": "input_tensor",
-    "gather": "tensor",
-    "scatter": "tensor",
-    "reduce_scatter": "output",
-    "reduce_scatter_tensor": "output",
-}
+AGREED_ARG = {name: c.agreed_arg for name, c in COLLECTIVES.items() if c.agreed_arg is not None}
 
 #: Bytes of the text fingerprint exchanged under COLLS_DEBUG=detail.
 FINGERPRINT_BYTES = 256
@@ -203,9 +191,7 @@ def describe_tag(tag: int) -> str:
 
 def _tag_op(tag: int) -> str:
     code = ((-1 - tag) >> _HASH_BITS) & _OP_MASK
-    if 1 <= code <= len(KNOWN_OPS):
-        return KNOWN_OPS[code - 1]
-    return "an operation outside colls' list"
+    return BY_WIRE_CODE.get(code, "an operation outside colls' list")
 
 
 def describe_tag_conflict(

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from colls import env
+from colls.collective_table import BACKEND_COLLECTIVES
 
 #: Pinned buffers in rotation: one being filled from the device, one in the transport, one being
 #: copied back up. A fourth would not add overlap: the transport is the only host-side stage.
@@ -375,15 +376,11 @@ def to_device(host: np.ndarray, array: Any, after: Any = None) -> None:
 
 # -- backends: stage the CUDA arrays of every call ----------------------------------------------
 
-#: Collectives that stage their whole buffers: method -> (positions read, positions written),
-#: counted after ``self``.
-_WHOLE_BUFFER = {
-    "all_gather": ((1,), (0,)),
-    "gather": ((1,), (0,)),
-    "scatter": ((1,), (0,)),
-    "reduce_scatter": ((1,), (0,)),
-    "all_to_all": ((1,), (0,)),
-}
+#: The collectives that stage their whole buffers (:mod:`colls.collective_table`): every one with
+#: arrays that is not staged in segments.
+WHOLE_BUFFER = tuple(
+    c for c in BACKEND_COLLECTIVES.values() if c.arrays and not c.staged_in_segments
+)
 
 
 def _staged_whole(method: Callable[..., Any], reads: tuple[int, ...], writes: tuple[int, ...]
@@ -481,14 +478,14 @@ def stage_cuda(cls: type) -> type:
 
         return chain(work, copy_up)
 
-    for name, wrapped in (
-        ("all_reduce", staged_all_reduce), ("broadcast", staged_broadcast),
-        ("reduce", staged_reduce), ("isend", staged_isend), ("irecv", staged_irecv),
-    ):
+    in_segments = {"all_reduce": staged_all_reduce, "broadcast": staged_broadcast,
+                   "reduce": staged_reduce}
+    for name, wrapped in (*in_segments.items(), ("isend", staged_isend),
+                          ("irecv", staged_irecv)):
         original = getattr(cls, name)
         wrapped.__name__, wrapped.__doc__ = name, original.__doc__
         setattr(cls, name, wrapped)
-    for name, (reads, writes) in _WHOLE_BUFFER.items():
-        setattr(cls, name, _staged_whole(getattr(cls, name), reads, writes))
+    for c in WHOLE_BUFFER:
+        setattr(cls, c.name, _staged_whole(getattr(cls, c.name), c.reads, c.writes))
     cls.devices = (*cls.devices, "cuda") if "cuda" not in cls.devices else cls.devices
     return cls

@@ -22,23 +22,15 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from colls import env
+from colls.collective_table import BACKEND_COLLECTIVES
 
 if TYPE_CHECKING:
     from colls.algorithms.hosts import HostMap
 
-#: Valid algorithm names per collective (what COLLS_ALGORITHM accepts).
+#: Valid algorithm names per collective (what COLLS_ALGORITHM accepts), from
+#: :mod:`colls.collective_table`.
 ALGORITHMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "all_reduce": ("recursive_doubling", "ring"),
-        "broadcast": ("binomial", "scatter_allgather", "pipeline"),
-        "reduce": ("binomial", "ring"),
-        "all_gather": ("bruck", "ring"),
-        "gather": ("binomial", "direct"),
-        "scatter": ("binomial", "direct"),
-        "reduce_scatter": ("ring",),
-        "all_to_all": ("pairwise",),
-        "barrier": ("dissemination",),
-    }
+    {name: c.algorithms for name, c in BACKEND_COLLECTIVES.items()}
 )
 
 #: A chain pipeline beats scatter+allgather once it has about world_size segments in flight

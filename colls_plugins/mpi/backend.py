@@ -50,6 +50,7 @@ from colls_plugins.mpi.progress import (
 from colls_plugins.mpi.staging import (
     copy_back_when_done,
     host_staged,
+    host_staged_collective,
     is_device_array,
     synchronize_device,
 )
@@ -342,19 +343,19 @@ class MpiBackend(Backend):
 
     # -- collectives -------------------------------------------------------------------------
 
-    @host_staged(reduces=True)
+    @host_staged_collective
     def all_reduce(self, array: Any, op: ReduceSpec, tag: int) -> None:
         """``MPI_Iallreduce`` in place."""
         datatype, mpi_op = self._reductions.lookup(op)
         self._collective("all_reduce", tag, self._comm.Iallreduce,
                          self._IN_PLACE, [array, datatype], mpi_op)
 
-    @host_staged()
+    @host_staged_collective
     def broadcast(self, array: Any, root: int, tag: int) -> None:
         """``MPI_Ibcast`` of ``array``'s bytes from ``root``."""
         self._collective("broadcast", tag, self._comm.Ibcast, [array, self._BYTE], root)
 
-    @host_staged(reduces=True)
+    @host_staged_collective
     def reduce(self, array: Any, root: int, op: ReduceSpec, tag: int) -> None:
         """``MPI_Ireduce``: in place at the root; other ranks' arrays are only read."""
         datatype, mpi_op = self._reductions.lookup(op)
@@ -364,32 +365,32 @@ class MpiBackend(Backend):
             send, recv = [array, datatype], None
         self._collective("reduce", tag, self._comm.Ireduce, send, recv, mpi_op, root)
 
-    @host_staged(arrays=(0, 1))
+    @host_staged_collective
     def all_gather(self, output: Any, input: Any, tag: int) -> None:
         """``MPI_Iallgather`` of equal byte blocks."""
         self._collective("all_gather", tag, self._comm.Iallgather,
                          [input, self._BYTE], [output, self._BYTE])
 
-    @host_staged(arrays=(0, 1))
+    @host_staged_collective
     def gather(self, output: Any | None, input: Any, root: int, tag: int) -> None:
         """``MPI_Igather`` to ``root`` (``output`` is None elsewhere)."""
         recv = None if output is None else [output, self._BYTE]
         self._collective("gather", tag, self._comm.Igather, [input, self._BYTE], recv, root)
 
-    @host_staged(arrays=(0, 1))
+    @host_staged_collective
     def scatter(self, output: Any, input: Any | None, root: int, tag: int) -> None:
         """``MPI_Iscatter`` from ``root`` (``input`` is None elsewhere)."""
         send = None if input is None else [input, self._BYTE]
         self._collective("scatter", tag, self._comm.Iscatter, send, [output, self._BYTE], root)
 
-    @host_staged(arrays=(0, 1), reduces=True)
+    @host_staged_collective
     def reduce_scatter(self, output: Any, input: Any, op: ReduceSpec, tag: int) -> None:
         """``MPI_Ireduce_scatter_block``: rank r gets the reduction of block r."""
         datatype, mpi_op = self._reductions.lookup(op)
         self._collective("reduce_scatter", tag, self._comm.Ireduce_scatter_block,
                          [input, datatype], [output, datatype], mpi_op)
 
-    @host_staged(arrays=(0, 1))
+    @host_staged_collective
     def all_to_all(self, output: Any, input: Any, output_splits: Sequence[int],
                    input_splits: Sequence[int], tag: int) -> None:
         """``MPI_Ialltoallv`` with the splits (elements) turned into byte counts and offsets."""

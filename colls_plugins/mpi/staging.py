@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from colls.collective_table import BACKEND_COLLECTIVES
 from colls.work import Work, chain
 
 if TYPE_CHECKING:
@@ -60,6 +61,15 @@ def host_staged(
         return functools.wraps(method)(_host_front(method, general, arity, len(arrays) == 2))
 
     return wrap
+
+
+def host_staged_collective(method: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`host_staged` for the collective method ``method``, with the array roles of its
+    entry in :mod:`colls.collective_table`: the arrays it reads and writes, and whether it
+    reduces."""
+    collective = BACKEND_COLLECTIVES[method.__name__]
+    return host_staged(collective.arrays, collective.writes,
+                       reduces=collective.reduces)(method)
 
 
 #: A parameter of a front (:func:`_host_front`) the caller did not pass.
