@@ -66,9 +66,9 @@ class CollsP2p(peers.Colls):
 
     def __init__(self, a: argparse.Namespace) -> None:
         super().__init__(a)
-        from colls import _dispatch
+        from colls import dispatch
 
-        shm = getattr(_dispatch.default_group().backend, "_shm", None)
+        shm = getattr(dispatch.default_group().backend, "_shm", None)
         self.version += f" native={getattr(shm, 'native', None) is not None}"
 
     def send(self, x: np.ndarray, dst: int) -> None:
@@ -79,11 +79,11 @@ class CollsP2p(peers.Colls):
 
     def backend_ops(self) -> dict:
         """The shm layer's all_reduce and barrier, with tags as the core would make them."""
-        from colls import _dispatch, dtypes
+        from colls import dispatch, dtypes
         from colls.reduce_ops import resolve_op
         from colls_plugins.tcp import shm_collectives
 
-        shm = getattr(_dispatch.default_group().backend, "_shm", None)
+        shm = getattr(dispatch.default_group().backend, "_shm", None)
         if shm is None:
             return {}
         op = resolve_op(self.c.ReduceOp.SUM, dtypes.FLOAT32, op_name="all_reduce")

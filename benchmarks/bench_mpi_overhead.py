@@ -169,7 +169,7 @@ def breakdown() -> None:
     from mpi4py import MPI
 
     import colls
-    from colls import _dispatch as d
+    from colls import dispatch as d
     from colls.reduce_ops import ReduceOp
 
     colls.init_process_group("mpi")
@@ -224,7 +224,7 @@ def _wait(request: Any, spins: int) -> None:
 def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callable[[], Any]]:
     """Return one call of ``op`` per layer, each adding one layer of colls to the one before."""
     import colls
-    from colls import _dispatch as d
+    from colls import dispatch as d
     from colls.reduce_ops import ReduceOp
     from colls_plugins.mpi.backend import SPIN_TESTS
 

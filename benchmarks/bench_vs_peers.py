@@ -140,9 +140,9 @@ class Colls:
         self.c = colls
         colls.init_process_group("tcp")
         self.rank, self.size = colls.get_rank(), colls.get_world_size()
-        from colls import _dispatch
+        from colls import dispatch
 
-        shm = getattr(_dispatch.default_group().backend, "uses_shm", None)
+        shm = getattr(dispatch.default_group().backend, "uses_shm", None)
         self.version = f"colls {getattr(colls, '__version__', '?')} shm={shm}"
 
     def barrier(self) -> None:

@@ -7,7 +7,7 @@ send/recv of such arrays with an int peer and tag. Everything about such a call 
 array's flags and the sequence number is the same from one call to the next, so the general
 path's work (group resolution, rank translation, device check, dtype lookup, op check,
 signature) is done once per group, dtype, shape and op or root, by the general path's own
-functions (:mod:`colls._dispatch`, :mod:`colls.fingerprint`, :mod:`colls.reduce_ops`), and kept
+functions (:mod:`colls.dispatch`, :mod:`colls.fingerprint`, :mod:`colls.reduce_ops`), and kept
 as a plan. A call that is not the common case, or whose plan the general path would refuse,
 returns False (or None) here and takes the general path, which raises its own errors: the fast
 path never raises an argument error of its own. docs/design.md, "The per-call path", says what
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from colls import dtypes, fingerprint
-from colls._dispatch import MAX_USER_TAG
+from colls.dispatch import MAX_USER_TAG
 from colls.fingerprint import SEQUENCE_MASK, SIGNATURE_BITS
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
@@ -119,7 +119,7 @@ def _all_reduce_plan(
     )
     job = pg.backend.all_reduce
     if spec.kind is RedOpType.AVG and getattr(pg.backend, "reduces_avg", False):
-        spec = spec.averaged_by_backend()  # the backend divides, as in _dispatch.reduce_spec
+        spec = spec.averaged_by_backend()  # the backend divides, as in dispatch.reduce_spec
     elif spec.kind is RedOpType.AVG:
         size, backend_all_reduce = pg.size, job
 

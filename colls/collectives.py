@@ -1,9 +1,10 @@
 """The collectives of the public API, with torch.distributed's names, arguments and semantics.
 
-Each function reads as the same recipe: resolve the group (non-members get None), canonicalise
-the root, import and check the arrays, check the op, then submit a job that calls the backend on
-contiguous 1-D arrays and writes staged results back. All checking lives in :mod:`colls._dispatch`;
-all_reduce, broadcast and barrier first try :mod:`colls._fast_path`.
+Each function reads as the same recipe: begin the call on its group (non-members get None),
+canonicalise the root, import and check the arrays, check the op, then submit a job that calls
+the backend on contiguous 1-D arrays and writes staged results back. Each names its operation
+once, in :meth:`Call.begin <colls.dispatch.Call.begin>`; all checking lives in
+:mod:`colls.dispatch`; the latency-bound common cases first try :mod:`colls._fast_path`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from colls import _dispatch as d
 from colls import _fast_path as fast
 from colls import algorithms, buffers
 from colls.buffers import Buffer
+from colls.dispatch import Call
 from colls.reduce_ops import ReduceOp
 from colls.work import Work
 
@@ -46,11 +47,12 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     """Reduce ``tensor`` across the group, in place; every rank gets the result."""
     if group is None and not async_op and fast.all_reduce(tensor, op):
         return None  # the common case, planned once (colls._fast_path)
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("all_reduce", group)
+    if call is None:
         return None
-    buf = d.buffer(tensor, arg="tensor", op="all_reduce", writable=True)
-    spec = d.reduce_spec(op, buf, op_name="all_reduce")
+    pg = call.group
+    buf = call.buffer(tensor, arg="tensor", writable=True)
+    spec = call.reduce_spec(op, buf)
 
     def job(tag: int) -> None:
         spec.prepare(buf.array)
@@ -58,7 +60,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         spec.finish(buf.array, pg.size)
         buf.write_back()
 
-    return d.submit(pg, "all_reduce", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
@@ -66,29 +68,31 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank of the group."""
     if group is None and group_src is None and not async_op and fast.broadcast(tensor, src):
         return None  # the common case, planned once (colls._fast_path)
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("broadcast", group)
+    if call is None:
         return None
-    root = d.group_rank_of(pg, src, group_src, arg="src", op="broadcast")
-    buf = d.buffer(tensor, arg="tensor", op="broadcast", writable=pg.rank != root)
+    pg = call.group
+    root = call.group_rank(src, group_src, arg="src")
+    buf = call.buffer(tensor, arg="tensor", writable=pg.rank != root)
 
     def job(tag: int) -> None:
         pg.backend.broadcast(buf.array, root, tag)
         buf.write_back()
 
-    return d.submit(pg, "broadcast", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """Reduce ``tensor`` of every rank into ``tensor`` of rank ``dst``; others are unchanged."""
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("reduce", group)
+    if call is None:
         return None
-    root = d.group_rank_of(pg, dst, group_dst, arg="dst", op="reduce")
+    pg = call.group
+    root = call.group_rank(dst, group_dst, arg="dst")
     is_root = pg.rank == root
-    buf = d.buffer(tensor, arg="tensor", op="reduce", writable=is_root)
-    spec = d.reduce_spec(op, buf, op_name="reduce")
+    buf = call.buffer(tensor, arg="tensor", writable=is_root)
+    spec = call.reduce_spec(op, buf)
 
     def job(tag: int) -> None:
         data = buf.array if is_root or not spec.modifies_input else buf.array.copy()
@@ -98,29 +102,28 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
             spec.finish(data, pg.size)
             buf.write_back()
 
-    return d.submit(pg, "reduce", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False
                ) -> Work | None:
     """Gather ``tensor`` of every rank into ``tensor_list`` (one array per rank) on every rank."""
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("all_gather", group)
+    if call is None:
         return None
-    src = d.buffer(tensor, arg="tensor", op="all_gather", writable=False)
-    outs = d.buffer_list(tensor_list, arg="tensor_list", op="all_gather", writable=True,
-                         length=pg.size)
-    d.check_same_dtype(src, outs, names="tensor_list", op="all_gather")
+    pg = call.group
+    src = call.buffer(tensor, arg="tensor", writable=False)
+    outs = call.buffer_list(tensor_list, arg="tensor_list", writable=True, length=pg.size)
+    call.same_dtype(src, outs, names="tensor_list")
     for i, out in enumerate(outs):
-        d.check_numel(out, src.numel, arg=f"tensor_list[{i}]", op="all_gather",
-                      why="the number of elements of tensor")
+        call.numel(out, src.numel, arg=f"tensor_list[{i}]", why="the number of elements of tensor")
 
     def job(tag: int) -> None:
         flat = buffers.empty_array(src.numel * pg.size, src.dtype, src.device)
         pg.backend.all_gather(flat, src.array, tag)
         _scatter_flat(flat, outs)
 
-    return d.submit(pg, "all_gather", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -128,39 +131,39 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     """Gather ``input_tensor`` of every rank, concatenated, into ``output_tensor``."""
     if group is None and not async_op and fast.all_gather_into_tensor(output_tensor, input_tensor):
         return None  # the common case, planned once (colls._fast_path)
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("all_gather_into_tensor", group)
+    if call is None:
         return None
-    op = "all_gather_into_tensor"
-    src = d.buffer(input_tensor, arg="input_tensor", op=op, writable=False)
-    out = d.buffer(output_tensor, arg="output_tensor", op=op, writable=True)
-    d.check_same_dtype(src, [out], names="output_tensor", op=op)
-    d.check_numel(out, src.numel * pg.size, arg="output_tensor", op=op,
-                  why=f"input_tensor's {src.numel} elements times the group size {pg.size}")
+    pg = call.group
+    src = call.buffer(input_tensor, arg="input_tensor", writable=False)
+    out = call.buffer(output_tensor, arg="output_tensor", writable=True)
+    call.same_dtype(src, [out], names="output_tensor")
+    call.numel(out, src.numel * pg.size, arg="output_tensor",
+               why=f"input_tensor's {src.numel} elements times the group size {pg.size}")
 
     def job(tag: int) -> None:
         pg.backend.all_gather(out.array, buffers.apart_from(src.array, out.array), tag)
         out.write_back()
 
-    return d.submit(pg, op, job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None,
            group: Any = None, async_op: bool = False, group_dst: int | None = None
            ) -> Work | None:
     """Gather ``tensor`` of every rank into ``gather_list`` on rank ``dst``."""
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("gather", group)
+    if call is None:
         return None
+    pg = call.group
     if dst is None and group_dst is None:
         dst = 0  # torch's default root for gather and scatter
-    root = d.group_rank_of(pg, dst, group_dst, arg="dst", op="gather")
-    src = d.buffer(tensor, arg="tensor", op="gather", writable=False)
-    outs = _root_list(pg, root, gather_list, arg="gather_list", op="gather", writable=True)
-    d.check_same_dtype(src, outs, names="gather_list", op="gather")
+    root = call.group_rank(dst, group_dst, arg="dst")
+    src = call.buffer(tensor, arg="tensor", writable=False)
+    outs = _root_list(call, root, gather_list, arg="gather_list", writable=True)
+    call.same_dtype(src, outs, names="gather_list")
     for i, out in enumerate(outs):
-        d.check_numel(out, src.numel, arg=f"gather_list[{i}]", op="gather",
-                      why="the number of elements of tensor")
+        call.numel(out, src.numel, arg=f"gather_list[{i}]", why="the number of elements of tensor")
 
     def job(tag: int) -> None:
         flat = buffers.empty_array(src.numel * pg.size, src.dtype, src.device) if outs else None
@@ -168,47 +171,45 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
         if flat is not None:
             _scatter_flat(flat, outs)
 
-    return d.submit(pg, "gather", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None,
             group: Any = None, async_op: bool = False, group_src: int | None = None
             ) -> Work | None:
     """Give rank r the r-th array of ``scatter_list`` of rank ``src``, in ``tensor``."""
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("scatter", group)
+    if call is None:
         return None
+    pg = call.group
     if src is None and group_src is None:
         src = 0  # torch's default root for scatter and gather
-    root = d.group_rank_of(pg, src, group_src, arg="src", op="scatter")
-    out = d.buffer(tensor, arg="tensor", op="scatter", writable=True)
-    ins = _root_list(pg, root, scatter_list, arg="scatter_list", op="scatter", writable=False)
-    d.check_same_dtype(out, ins, names="scatter_list", op="scatter")
+    root = call.group_rank(src, group_src, arg="src")
+    out = call.buffer(tensor, arg="tensor", writable=True)
+    ins = _root_list(call, root, scatter_list, arg="scatter_list", writable=False)
+    call.same_dtype(out, ins, names="scatter_list")
     for i, chunk in enumerate(ins):
-        d.check_numel(chunk, out.numel, arg=f"scatter_list[{i}]", op="scatter",
-                      why="the number of elements of tensor")
+        call.numel(chunk, out.numel, arg=f"scatter_list[{i}]",
+                   why="the number of elements of tensor")
 
     def job(tag: int) -> None:
         flat = _concat(ins) if ins else None
         pg.backend.scatter(out.array, flat, root, tag)
         out.write_back()
 
-    return d.submit(pg, "scatter", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
-def _root_list(pg: Any, root: int, objs: Any, *, arg: str, op: str, writable: bool
-               ) -> list[Buffer]:
+def _root_list(call: Call, root: int, objs: Any, *, arg: str, writable: bool) -> list[Buffer]:
     """Import the per-rank list a rooted op needs on the root and forbids elsewhere."""
-    if pg.rank == root:
+    if call.group.rank == root:
         if objs is None:
-            raise ValueError(
-                f"{op} on rank {d.my_rank()}: argument {arg} must be specified on the root rank"
-            )
-        return d.buffer_list(objs, arg=arg, op=op, writable=writable, length=pg.size)
+            raise ValueError(f"{call.where}: argument {arg} must be specified on the root rank")
+        return call.buffer_list(objs, arg=arg, writable=writable, length=call.group.size)
     if objs:
         raise ValueError(
-            f"{op} on rank {d.my_rank()}: argument {arg} must NOT be specified on "
-            f"non-root ranks (the root is group rank {root})"
+            f"{call.where}: argument {arg} must NOT be specified on non-root ranks (the root "
+            f"is group rank {root})"
         )
     return []
 
@@ -216,17 +217,16 @@ def _root_list(pg: Any, root: int, objs: Any, *, arg: str, op: str, writable: bo
 def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
                    group: Any = None, async_op: bool = False) -> Work | None:
     """Reduce ``input_list`` element-wise across ranks; rank r gets entry r in ``output``."""
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("reduce_scatter", group)
+    if call is None:
         return None
-    out = d.buffer(output, arg="output", op="reduce_scatter", writable=True)
-    ins = d.buffer_list(input_list, arg="input_list", op="reduce_scatter", writable=False,
-                        length=pg.size)
-    d.check_same_dtype(out, ins, names="input_list", op="reduce_scatter")
+    pg = call.group
+    out = call.buffer(output, arg="output", writable=True)
+    ins = call.buffer_list(input_list, arg="input_list", writable=False, length=pg.size)
+    call.same_dtype(out, ins, names="input_list")
     for i, chunk in enumerate(ins):
-        d.check_numel(chunk, out.numel, arg=f"input_list[{i}]", op="reduce_scatter",
-                      why="the number of elements of output")
-    spec = d.reduce_spec(op, out, op_name="reduce_scatter")
+        call.numel(chunk, out.numel, arg=f"input_list[{i}]", why="the number of elements of output")
+    spec = call.reduce_spec(op, out)
 
     def job(tag: int) -> None:
         flat = _concat(ins)
@@ -235,22 +235,22 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
         spec.finish(out.array, pg.size)
         out.write_back()
 
-    return d.submit(pg, "reduce_scatter", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None,
                           async_op: bool = False) -> Work | None:
     """Reduce ``input`` (group-size chunks) across ranks; rank r gets chunk r in ``output``."""
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("reduce_scatter_tensor", group)
+    if call is None:
         return None
-    name = "reduce_scatter_tensor"
-    out = d.buffer(output, arg="output", op=name, writable=True)
-    src = d.buffer(input, arg="input", op=name, writable=False)
-    d.check_same_dtype(out, [src], names="input", op=name)
-    d.check_numel(src, out.numel * pg.size, arg="input", op=name,
-                  why=f"output's {out.numel} elements times the group size {pg.size}")
-    spec = d.reduce_spec(op, out, op_name=name)
+    pg = call.group
+    out = call.buffer(output, arg="output", writable=True)
+    src = call.buffer(input, arg="input", writable=False)
+    call.same_dtype(out, [src], names="input")
+    call.numel(src, out.numel * pg.size, arg="input",
+               why=f"output's {out.numel} elements times the group size {pg.size}")
+    spec = call.reduce_spec(op, out)
 
     def job(tag: int) -> None:
         data = src.array.copy() if spec.modifies_input else buffers.apart_from(src.array,
@@ -260,20 +260,21 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
         spec.finish(out.array, pg.size)
         out.write_back()
 
-    return d.submit(pg, name, job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
                async_op: bool = False) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; receive rank j's into ``output_tensor_list[j]``."""
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("all_to_all", group)
+    if call is None:
         return None
-    outs = d.buffer_list(output_tensor_list, arg="output_tensor_list", op="all_to_all",
-                         writable=True, length=pg.size)
-    ins = d.buffer_list(input_tensor_list, arg="input_tensor_list", op="all_to_all",
-                        writable=False, length=pg.size)
-    d.check_same_dtype(ins[0], ins[1:] + outs, names="output/input_tensor_list", op="all_to_all")
+    pg = call.group
+    outs = call.buffer_list(output_tensor_list, arg="output_tensor_list", writable=True,
+                            length=pg.size)
+    ins = call.buffer_list(input_tensor_list, arg="input_tensor_list", writable=False,
+                           length=pg.size)
+    call.same_dtype(ins[0], ins[1:] + outs, names="output/input_tensor_list")
 
     def job(tag: int) -> None:
         flat_out = buffers.empty_array(sum(b.numel for b in outs), outs[0].dtype, outs[0].device)
@@ -281,7 +282,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
                               [b.numel for b in ins], tag)
         _scatter_flat(flat_out, outs)
 
-    return d.submit(pg, "all_to_all", job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | None = None,
@@ -291,22 +292,22 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
 
     Split sizes count rows of dim 0 (as in torch); None means equal splits.
     """
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("all_to_all_single", group)
+    if call is None:
         return None
-    name = "all_to_all_single"
-    out = d.buffer(output, arg="output", op=name, writable=True)
-    src = d.buffer(input, arg="input", op=name, writable=False)
-    d.check_same_dtype(out, [src], names="input", op=name)
-    in_splits = d.row_splits(src, input_split_sizes, size=pg.size, arg="input", op=name)
-    out_splits = d.row_splits(out, output_split_sizes, size=pg.size, arg="output", op=name)
+    pg = call.group
+    out = call.buffer(output, arg="output", writable=True)
+    src = call.buffer(input, arg="input", writable=False)
+    call.same_dtype(out, [src], names="input")
+    in_splits = call.row_splits(src, input_split_sizes, arg="input")
+    out_splits = call.row_splits(out, output_split_sizes, arg="output")
 
     def job(tag: int) -> None:
         pg.backend.all_to_all(out.array, buffers.apart_from(src.array, out.array), out_splits,
                               in_splits, tag)
         out.write_back()
 
-    return d.submit(pg, name, job, async_op=async_op)
+    return call.submit(job, async_op=async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -322,18 +323,19 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     """
     if group is None and not async_op and timeout is None and fast.barrier():
         return None
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("barrier", group)
+    if call is None:
         return None
-    limit = d.call_timeout(timeout, op="barrier")
+    pg = call.group
+    limit = call.timeout(timeout)
     if limit is None:
-        return d.submit(pg, "barrier", pg.backend.barrier, async_op=async_op)
+        return call.submit(pg.backend.barrier, async_op=async_op)
     bounded = _WithTimeout(pg.backend, limit)
 
     def job(tag: int) -> None:
         algorithms.barrier(bounded, tag)
 
-    return d.submit(pg, "barrier", job, async_op=async_op, timeout=limit)
+    return call.submit(job, async_op=async_op, timeout=limit)
 
 
 class _WithTimeout:

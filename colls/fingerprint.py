@@ -1,6 +1,6 @@
 """Collective fingerprints: never let mismatched calls across ranks produce a wrong result.
 
-Two layers, both built here and called from :mod:`colls._dispatch`:
+Two layers, both built here and called from :mod:`colls.dispatch`:
 
 * **Signature in every tag** (always on, free). A collective's tag is negative and encodes its
   sequence number together with a 40-bit *signature* of what all ranks must agree on: the
@@ -25,7 +25,8 @@ Two layers, both built here and called from :mod:`colls._dispatch`:
   that differ and how, before any data moves; the group stays usable.
 
 Which argument's size must agree is op specific (``all_to_all`` sizes legitimately differ);
-:data:`AGREED_ARG` lists it per op (from :mod:`colls.collective_table`). Ops not listed are checked on op, dtype, root and reduce op.
+:data:`AGREED_ARG` lists it per op (from :mod:`colls.collective_table`). Ops not listed are
+checked on op, dtype, root and reduce op.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class CollectiveMismatchError(ValueError):
 
 @dataclass(slots=True)
 class CallRecord:
-    """What :mod:`colls._dispatch` saw of one call's arguments, for its signature.
+    """What :mod:`colls.dispatch` saw of one call's arguments, for its signature.
 
     Attributes:
         op: the operation name ("all_reduce").
@@ -293,8 +294,8 @@ def check_across_ranks(pg: ProcessGroup, record: CallRecord, seq: int, tag: int)
     problem = explain(texts, pg.global_rank)
     if problem is not None:
         raise CollectiveMismatchError(
-            f"COLLS_DEBUG=detail: collective #{shown_number(seq)} on group {pg.name!r} does not match across "
-            f"ranks: {problem}"
+            f"COLLS_DEBUG=detail: collective #{shown_number(seq)} on group {pg.name!r} does not "
+            f"match across ranks: {problem}"
         )
 
 

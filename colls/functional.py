@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from colls import _dispatch as d
 from colls import buffers
 from colls import collectives as c
+from colls import dispatch as d
 from colls.buffers import Buffer
 from colls.reduce_ops import ReduceOp
 
@@ -34,13 +34,13 @@ def _group_size(group: Any, op: str) -> int:
 
 
 def _input(array: Any, op: str, group: Any) -> Buffer:
-    d.resolve_group(group)  # the device check in d.buffer is against this group's backend
+    pg = d.resolve_group(group)  # the device check is against this group's backend
     if any(cls.__name__.endswith("Tracer") for cls in type(array).__mro__):
         raise TypeError(
             f"functional.{op}: got a traced JAX value ({type(array).__name__}); inside jax.jit, "
             f"grad or vmap use colls_jax.{op}, which runs through ordered host callbacks"
         )
-    return d.buffer(array, arg="array", op=f"functional.{op}", writable=False)
+    return d.import_array(pg, array, arg="array", op=f"functional.{op}", writable=False)
 
 
 #: Python scalars :func:`all_reduce` takes, and the dtype each is reduced in.

@@ -370,7 +370,7 @@ class GroupHealth:
 
         A group broken while the call was queued raises at once; a failure of the job breaks the
         group (:meth:`job_failed`) and raises what that returns. The one place where both the
-        general path (:func:`colls._dispatch.submit`, whose jobs take the tag alone) and the fast
+        general path (:func:`colls.dispatch.submit`, whose jobs take the tag alone) and the fast
         path (:mod:`colls._fast_path`: a backend method and its arguments) run a collective's
         job. The arguments are fixed in number: packing ``*args`` cost the fast path a tenth of
         its time. The running call is noted, unformatted, for error messages (:meth:`_where`):

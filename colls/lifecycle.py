@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from colls import _dispatch as d
+from colls import dispatch as d
 from colls import env, exit_hooks, plugin_manager
 from colls.options import BackendOptions
 from colls.process_group import ProcessGroup

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from colls import _dispatch as d
+from colls.dispatch import Call
 from colls.errors import CollsError, CollsTimeoutError
 from colls.work import seconds
 
@@ -54,9 +54,10 @@ def monitored_barrier(group: Any = None, timeout: float | datetime.timedelta | N
     in gloo: rank 0 names every rank that has not arrived yet at once. The messages carry
     gloo's wording ("Rank 1 failed to pass monitoredBarrier in 1000 ms").
     """
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin("monitored_barrier", group)
+    if call is None:
         return None
+    pg = call.group
     given = seconds(timeout)
     limit = pg.timeout if given is None else max(0.0, given)
     ms = round(limit * 1000)
@@ -107,5 +108,5 @@ def monitored_barrier(group: Any = None, timeout: float | datetime.timedelta | N
                     f"complete within {limit + RELEASE_GRACE_S:.1f} s"
                 )
 
-    d.submit(pg, "monitored_barrier", job, async_op=False)
+    call.submit(job, async_op=False)
     return None

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from colls import _dispatch as d
 from colls import buffers
 from colls import collectives as c
+from colls import dispatch as d
 from colls.buffers import Buffer
 from colls.reduce_ops import ReduceOp
 from colls.work import Work, chain
@@ -35,9 +35,9 @@ def _finish(group: Any, work: Work | None, after: Any, async_op: bool) -> Work |
     return None
 
 
-def _plain_spec(op: Any, buf: Buffer, name: str) -> Any:
+def _plain_spec(op: Any, buf: Buffer, name: str, group: Any) -> Any:
     """Check ``op``; AVG and PREMUL_SUM are refused (their scaling counts processes, not arrays)."""
-    spec = d.reduce_spec(op, buf, op_name=name)
+    spec = d.reduce_spec(d.resolve_group(group), op, buf, op_name=name)
     if spec.kind.name in ("AVG", "PREMUL_SUM"):
         raise ValueError(
             f"{name} on rank {d.my_rank()}: op {spec.kind.name} is not supported by the multigpu "
@@ -62,8 +62,9 @@ def _joined(bufs: list[Buffer]) -> Buffer:
 
 
 def _local_list(tensor_list: Any, op: str, writable: bool, group: Any) -> list[Buffer]:
-    d.resolve_group(group)  # the device check in d.buffer_list is against this group's backend
-    bufs = d.buffer_list(tensor_list, arg="tensor_list", op=op, writable=writable, length=None)
+    pg = d.resolve_group(group)  # the device check is against this group's backend
+    bufs = d.import_list(pg, tensor_list, arg="tensor_list", op=op, writable=writable,
+                         length=None)
     if not bufs:
         raise ValueError(f"{op} on rank {d.my_rank()}: tensor_list must not be empty")
     d.check_same_dtype(bufs[0], bufs[1:], names="tensor_list", op=op)
@@ -78,7 +79,7 @@ def all_reduce_multigpu(tensor_list: list[Any], op: Any = ReduceOp.SUM, group: A
     """Reduce every array of every process's list; every array gets the result."""
     name = "all_reduce_multigpu"
     bufs = _local_list(tensor_list, name, writable=True, group=group)
-    spec = _plain_spec(op, bufs[0], name)
+    spec = _plain_spec(op, bufs[0], name, group)
     staged = buffers.scratch(bufs[0])
     for b in bufs[1:]:
         spec.combine(staged.array, b.array)
@@ -114,7 +115,7 @@ def reduce_multigpu(tensor_list: list[Any], dst: int, op: Any = ReduceOp.SUM, gr
     """Reduce every array of every list into ``tensor_list[dst_tensor]`` of rank ``dst``."""
     name = "reduce_multigpu"
     bufs = _local_list(tensor_list, name, writable=True, group=group)
-    spec = _plain_spec(op, bufs[0], name)
+    spec = _plain_spec(op, bufs[0], name, group)
     _check_index(dst_tensor, len(bufs), "dst_tensor", name)
     staged = buffers.scratch(bufs[0])
     for b in bufs[1:]:
@@ -138,7 +139,7 @@ def all_gather_multigpu(output_tensor_lists: list[list[Any]], input_tensor_list:
     if pg is None:
         return None
     k, n = len(ins), ins[0].numel
-    outs = [d.buffer_list(lst, arg=f"output_tensor_lists[{i}]", op=name, writable=True,
+    outs = [d.import_list(pg, lst, arg=f"output_tensor_lists[{i}]", op=name, writable=True,
                           length=pg.size * k) for i, lst in enumerate(output_tensor_lists)]
     local = _joined(ins)
     gathered = buffers.scratch(ins[0], numel=local.numel * pg.size)
@@ -163,8 +164,8 @@ def reduce_scatter_multigpu(output_tensor_list: list[Any], input_tensor_lists: l
     if pg is None:
         return None
     k, n = len(outs), outs[0].numel
-    spec = _plain_spec(op, outs[0], name)
-    lists = [d.buffer_list(lst, arg=f"input_tensor_lists[{i}]", op=name, writable=False,
+    spec = _plain_spec(op, outs[0], name, group)
+    lists = [d.import_list(pg, lst, arg=f"input_tensor_lists[{i}]", op=name, writable=False,
                            length=pg.size * k) for i, lst in enumerate(input_tensor_lists)]
     staged = _joined(lists[0])
     for other in lists[1:]:

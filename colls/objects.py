@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from colls import _dispatch as d
 from colls import collectives as c
+from colls import dispatch as d
 from colls import p2p
 
 

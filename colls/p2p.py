@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from colls import _dispatch as d
 from colls import _fast_path as fast
+from colls import dispatch as d
 from colls.buffers import Buffer
+from colls.dispatch import Call
 from colls.errors import NetworkError
 from colls.process_group import ProcessGroup
 from colls.work import Work, chain
@@ -89,14 +90,15 @@ def _checked_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst:
 
     Errors name ``op``, the call the user made.
     """
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin(op, group)
+    if call is None:
         return None
+    pg = call.group
     pg.health.check(op)
-    peer = d.group_rank_of(pg, dst, group_dst, arg="dst", op=op)
-    d.check_peer(pg, peer, arg="dst", op=op)
-    d.check_tag(tag, op=op)
-    array = d.buffer(tensor, arg="tensor", op=op, writable=False).array
+    peer = call.group_rank(dst, group_dst, arg="dst")
+    call.check_peer(peer, arg="dst")
+    call.tag(tag)
+    array = call.buffer(tensor, arg="tensor", writable=False).array
     _after_queued_collectives(pg, op)
     return pg, array, peer
 
@@ -132,14 +134,15 @@ def _checked_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src:
 
     Errors name ``op``, the call the user made.
     """
-    pg = d.resolve_group(group)
-    if pg is None:
+    call = Call.begin(op, group)
+    if call is None:
         return None
+    pg = call.group
     pg.health.check(op)
-    peer = d.group_rank_of(pg, src, group_src, arg="src", op=op, allow_any=True)
-    d.check_peer(pg, peer, arg="src", op=op)
-    d.check_tag(tag, op=op)
-    buf = d.buffer(tensor, arg="tensor", op=op, writable=True)
+    peer = call.group_rank(src, group_src, arg="src", allow_any=True)
+    call.check_peer(peer, arg="src")
+    call.tag(tag)
+    buf = call.buffer(tensor, arg="tensor", writable=True)
     _after_queued_collectives(pg, op)
     return pg, buf, peer
 

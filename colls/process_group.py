@@ -77,7 +77,7 @@ class ProcessGroup:
         #: (:mod:`colls._fast_path`) runs its planned calls between the two.
         self.claim_inline: Callable[[], bool | None] = self._executor.claim_inline
         self.release_inline: Callable[[], None] = self._executor.release_inline
-        #: What :mod:`colls._dispatch`'s fast path works out once for this group (its plans per
+        #: What :mod:`colls.dispatch`'s fast path works out once for this group (its plans per
         #: op, dtype and shape); None until its first call.
         self.plans: Any = None
         self.destroyed = False

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from colls import _dispatch as d
+from colls import dispatch as d
 from colls import dtypes
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import ReduceSpec, resolve_op

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as _dist
 
 import colls
-from colls import _dispatch
+from colls import dispatch
 from colls.lifecycle import device_group
 from colls.plugin_manager import ALIASES
 from colls.process_group import ProcessGroup
@@ -211,7 +211,7 @@ def destroy_process_group(group: Any = None) -> None:
     if _is_non_member(group):
         return
     if not colls.is_initialized():
-        raise AssertedValueError(_dispatch.NOT_INITIALIZED)
+        raise AssertedValueError(dispatch.NOT_INITIALIZED)
     pg = resolve(group)
     whole_world = pg is None or pg.name == _WORLD_NAME
     if _world.torch_world() is not None and (whole_world or isinstance(group, ProcessGroupColls)):
@@ -326,7 +326,7 @@ def resolve(group: Any) -> ProcessGroup | None:
         ValueError: before init_process_group.
         InvalidGroupError: ``group`` is not a colls_torch group.
     """
-    return _dispatch.resolve_group(known(group))
+    return dispatch.resolve_group(known(group))
 
 
 def member(group: Any, op: str, tensors: Any = None) -> ProcessGroup | None:

@@ -84,7 +84,7 @@ PRELOAD_MODULES: tuple[str, ...] = (
     "importlib.metadata",  # plugin discovery reads the entry points with it
     "encodings.idna",  # host names passed to socket functions are encoded with it
     "pkgutil",  # runpy.run_path imports it for every script: 1 ms and 300 page faults a worker
-    "colls.lifecycle",  # init_process_group: _dispatch, buffers, plugin_manager, health, pluggy
+    "colls.lifecycle",  # init_process_group: dispatch, buffers, plugin_manager, health, pluggy
     "colls.collectives",
     "colls.rendezvous",
     "colls.store.tcp",

@@ -45,7 +45,6 @@ from colls_plugins.mpi.progress import (
     DrivenFuture,
     Pending,
     Progress,
-    test_once,
 )
 from colls_plugins.mpi.staging import (
     copy_back_when_done,

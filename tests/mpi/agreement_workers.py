@@ -155,9 +155,9 @@ def blocking_p2p(rank: int, world_size: int) -> dict[str, Any]:
 def blocking_internal_tags(rank: int, world_size: int) -> dict[str, Any]:
     """The backend's blocking send/recv with colls' own negative tags (its internal
     communicator) and with a tag above MPI_TAG_UB (refused)."""
-    from colls import _dispatch
+    from colls import dispatch
 
-    backend = _dispatch.default_group().backend
+    backend = dispatch.default_group().backend
     out: dict[str, Any] = {}
     x = np.full(3, float(rank))
     if rank == 0:

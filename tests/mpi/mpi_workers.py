@@ -27,9 +27,9 @@ def _mpi() -> Any:
 
 
 def _backend() -> Any:
-    from colls import _dispatch
+    from colls import dispatch
 
-    return _dispatch.default_group().backend
+    return dispatch.default_group().backend
 
 
 # -- initialisation ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 import colls
-from colls import _dispatch
+from colls import dispatch
 from colls.algorithms import hierarchical
 from colls.registry import REGISTRY
 from colls.store.base import innermost
@@ -104,7 +104,7 @@ def main(out_dir: str, backend_name: str, checks: str) -> None:
 
     hierarchical.run = counting_run  # the backend looks it up at call time
     colls.init_process_group(backend_name, timeout=60)
-    backend = _dispatch.default_group().backend
+    backend = dispatch.default_group().backend
     hosts = getattr(backend, "hosts", None)
     cases = two_level_collectives()
     names = [c for c in checks.split(",") if c and c != "-"]

@@ -21,7 +21,7 @@ def unique_ids(rank: int, world_size: int) -> dict[str, str]:
     pair = colls.new_group([0, 1])
     ids = {}
     for name, group in (("world", world), ("pair", pair)):
-        pg = colls._dispatch.resolve_group(group)
+        pg = colls.dispatch.resolve_group(group)
         if pg is None:
             continue
         unique_id = runtime.exchange_unique_id(
@@ -33,7 +33,7 @@ def unique_ids(rank: int, world_size: int) -> dict[str, str]:
 
 def device_check(rank: int, world_size: int, identities: list[str]) -> str:
     """Publish ``identities[rank]`` as this rank's GPU; return "ok" or the refusal's message."""
-    pg = colls._dispatch.default_group()
+    pg = colls.dispatch.default_group()
     try:
         runtime.check_distinct_devices(
             pg.store, pg.rank, pg.size, identities[rank],

@@ -102,9 +102,9 @@ def world(request):
 
 
 def _backend() -> Any:
-    from colls import _dispatch
+    from colls import dispatch
 
-    return _dispatch.default_group().backend
+    return dispatch.default_group().backend
 
 
 def test_the_nccl_backend_declares_that_it_averages():

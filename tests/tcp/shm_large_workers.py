@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import colls
-from colls import _dispatch
+from colls import dispatch
 from colls_plugins.tcp.shm import P2P_RING_BYTES
 from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, SMALL_BYTES
 
@@ -28,7 +28,7 @@ def _payload(index: int, size: int, salt: int = 0) -> np.ndarray:
 
 
 def _channel(peer: int):  # noqa: ANN202 - a Channel of the tcp engine
-    return _dispatch.default_group().backend._engine._channel_for(peer)
+    return dispatch.default_group().backend._engine._channel_for(peer)
 
 
 def _ways(peer: int) -> dict[str, int]:
@@ -40,7 +40,7 @@ def _ways(peer: int) -> dict[str, int]:
 def boundary_ping_pong(rank: int, world: int, sizes: list[int], rounds: int) -> dict[str, int]:
     """Ranks 0 and 1 bounce every size ``rounds`` times with blocking send/recv; each side
     checks every byte. Returns how rank 0's messages travelled."""
-    assert _dispatch.default_group().backend.uses_shm
+    assert dispatch.default_group().backend.uses_shm
     colls.barrier()
     peer = 1 - rank
     for r in range(rounds):
@@ -66,7 +66,7 @@ def interleaved_stream(rank: int, world: int, sizes: list[int], tags: int) -> di
     then after (they land in posted receives). Rank 1 posts its receives tag by tag in reverse
     tag order, so a receive often matches a message behind others; messages of one tag arrive
     in send order whatever way each took (ring entry, remote read, socket)."""
-    assert _dispatch.default_group().backend.uses_shm
+    assert dispatch.default_group().backend.uses_shm
     colls.barrier()
     for posted_first in (False, True):
         works = []

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 import colls
-from colls import _dispatch
+from colls import dispatch
 from colls.errors import CollsError
 from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES
 
@@ -26,7 +26,7 @@ def _payload(index: int, size: int) -> np.ndarray:
 
 
 def _channel(peer: int):  # noqa: ANN202 - a Channel of the tcp engine
-    return _dispatch.default_group().backend._engine._channel_for(peer)
+    return dispatch.default_group().backend._engine._channel_for(peer)
 
 
 def ordered_stream(rank: int, world: int) -> dict[str, int]:
@@ -35,7 +35,7 @@ def ordered_stream(rank: int, world: int) -> dict[str, int]:
     Rank 1 checks every message's bytes in order (a message taken out of order has another
     size, which fails the receive, or other bytes). Returns how the messages travelled.
     """
-    assert _dispatch.default_group().backend.uses_shm
+    assert dispatch.default_group().backend.uses_shm
     # A rank writes into a peer's ring only once the peer's engine reads it, at the end of its
     # init_process_group: without this barrier the first stream may all go over the socket.
     colls.barrier()

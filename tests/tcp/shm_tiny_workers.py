@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import colls
-from colls import _dispatch
+from colls import dispatch
 
 
 def _value(rank: int, i: int) -> np.ndarray:
@@ -20,7 +20,7 @@ def interleaved(rank: int, world: int, calls: int, native: bool) -> int:
     rewrote a line a peer still reads would show here as a wrong sum on that peer. ``native``:
     whether the shared memory must run its compiled hot loop.
     """
-    backend = _dispatch.default_group().backend
+    backend = dispatch.default_group().backend
     assert backend.uses_shm, "expected shared memory"
     assert (backend._shm.native is not None) == native, "expected the other hot loop"
     checked = 0

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 import colls
-from colls import _dispatch, dtypes
+from colls import dispatch, dtypes
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls.testing.arrays import CtypesDLPackArray
 
@@ -21,12 +21,12 @@ COUNTS = (1, 2, 1500, 20_001)
 
 def uses_shm() -> bool:
     """Whether the default group's tcp backend moves collectives through shared memory."""
-    return bool(_dispatch.default_group().backend.uses_shm)
+    return bool(dispatch.default_group().backend.uses_shm)
 
 
 def uses_native() -> bool:
     """Whether its shared memory runs the compiled hot loop (colls_plugins.tcp.shm_native)."""
-    return _dispatch.default_group().backend._shm.native is not None
+    return dispatch.default_group().backend._shm.native is not None
 
 
 def _inputs(dtype: dtypes.DType, count: int, rank: int, kind: str) -> np.ndarray:

@@ -79,7 +79,7 @@ def reduce_scatter_cases(rank: int, world: int, cases) -> dict:
     colls.algorithms runs recorded, and each case's output (as list form, tensor form).
     """
     import colls
-    from colls import _dispatch
+    from colls import dispatch
 
     outputs = []
     with algorithm_runs() as runs:
@@ -91,5 +91,5 @@ def reduce_scatter_cases(rank: int, world: int, cases) -> dict:
             flat = np.zeros(count, data.dtype)
             colls.reduce_scatter_tensor(flat, data, op=_op(op))
             outputs.append((listed, flat))
-    backend = _dispatch.default_group().backend
+    backend = dispatch.default_group().backend
     return {"uses_shm": backend.uses_shm, "runs": list(runs), "outputs": outputs}

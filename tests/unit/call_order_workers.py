@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 import colls
-from colls import _dispatch
+from colls import dispatch
 
 
 def p2p_behind_a_queued_collective(rank: int, world_size: int, asks: bool) -> list[str]:
@@ -15,7 +15,7 @@ def p2p_behind_a_queued_collective(rank: int, world_size: int, asks: bool) -> li
 
     Returns the order in which the all_reduce finished and the point-to-point call returned.
     """
-    pg = _dispatch.default_group()
+    pg = dispatch.default_group()
     pg.backend.p2p_after_queued_collectives = asks
     release = threading.Event()
     pg.run(lambda: release.wait(10.0), op="blocker", async_op=True)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import colls
-from colls import _dispatch, _fast_path, fingerprint, plugin_manager
+from colls import _fast_path, dispatch, fingerprint, plugin_manager
 from colls.backend import Backend, BackendSpec
 from colls.errors import BackendError, NetworkError
 from colls.hookspecs import hookimpl
@@ -80,15 +80,15 @@ def world(monkeypatch):
     plugin_manager.register_plugin(MirrorPlugin(), name=MIRROR)
     colls.init_process_group(MIRROR, store=colls.HashStore(), rank=0, world_size=2)
     general = []
-    resolve = _dispatch.resolve_group
+    resolve = dispatch.resolve_group
 
     def counting(group: Any) -> Any:
         general.append(group)
         return resolve(group)
 
-    monkeypatch.setattr(_dispatch, "resolve_group", counting)
+    monkeypatch.setattr(dispatch, "resolve_group", counting)
     try:
-        yield _dispatch.default_group().backend, general
+        yield dispatch.default_group().backend, general
     finally:
         colls.destroy_process_group()
         plugin_manager.unregister_plugin(MIRROR)
@@ -293,7 +293,7 @@ def test_fast_path_tags_are_the_general_tags_across_the_sequence_wrap(world) -> 
     """The fast path derives a call's tag from its plan's first tag; it must be
     fingerprint.collective_tag of the call's number and signature, past the sequence's wrap."""
     backend, general = world
-    pg = _dispatch.default_group()
+    pg = dispatch.default_group()
     start = fingerprint.SEQUENCE_MASK - 3
     pg.next_sequence = iter(range(start, start + 12)).__next__  # before the plans are made
     pg.plans = None
@@ -315,7 +315,7 @@ def test_fast_path_tags_are_the_general_tags_across_the_sequence_wrap(world) -> 
 
 def test_broken_group_refuses_on_the_fast_path_with_the_general_error(world) -> None:
     backend, general = world
-    pg = _dispatch.default_group()
+    pg = dispatch.default_group()
     pg.health.job_failed("all_reduce #0", RuntimeError("peer vanished"))
     with pytest.raises(colls.BackendError, match="all_reduce: .*peer vanished") as fast:
         colls.all_reduce(np.ones(2, np.float32))
@@ -375,7 +375,7 @@ def test_plans_start_over_past_the_cap(world, monkeypatch) -> None:
         data = np.arange(n, dtype=np.float32)
         colls.all_reduce(data)
         np.testing.assert_array_equal(data, 2 * np.arange(n, dtype=np.float32))
-    plans = _dispatch.default_group().plans
+    plans = dispatch.default_group().plans
     assert 1 <= plans.count <= 4
     assert general == []
     assert len({_signature(c[3]) for c in backend.calls}) == 10  # each shape signs its tag
@@ -388,7 +388,7 @@ def test_a_send_or_recv_that_loses_its_peer_raises_the_groups_cause_on_both_path
     """The peer left because the group broke meanwhile (here: the store host died): the call
     raises the group's error, naming that cause, with the transport's error as its cause."""
     backend, _general = world
-    pg = _dispatch.default_group()
+    pg = dispatch.default_group()
     lost = NetworkError("tcp: connection to rank 1 lost: peer closed its backend")
 
     def store_host_died() -> None:
