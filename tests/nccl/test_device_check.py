@@ -1,6 +1,6 @@
 """The core refuses an array on a device the group's backend does not serve, before any byte moves.
 
-``Backend.devices`` is enforced in one place, colls._dispatch: every public call (collectives,
+``Backend.devices`` is enforced in one place, colls.dispatch: every public call (collectives,
 point-to-point, functional, multigpu) checks each array's DLPack device against the group's
 backend first. The arrays here are the ctypes DLPack producer announcing kDLCUDA over host memory,
 and CuPy is blocked, so the refusal is shown to need no CuPy and to happen before the array is
