@@ -106,3 +106,28 @@ def leave(actor: Any, group: str) -> None:
     del actor
     if col.is_group_initialized(group):
         col.destroy_collective_group(group)
+
+
+def one_ddp_step(config: dict[str, Any]) -> None:
+    """One forward/backward of a small model under DDP; write each rank's averaged gradients.
+
+    Each rank writes ``config["out"] + f".{rank}"`` (JSON): Ray Train 2.60 keeps no metrics of a
+    report without a checkpoint.
+    """
+    import json
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    ddp = DistributedDataParallel(model)
+    rank = dist.get_rank()
+    batches = torch.Generator().manual_seed(100 + rank)
+    x, y = torch.randn(32, 8, generator=batches), torch.randn(32, 1, generator=batches)
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    grads = [p.grad.detach().double().flatten().tolist() for p in model.parameters()]
+    with open(f"{config['out']}.{rank}", "w") as out:
+        json.dump({"grads": grads, "backend": dist.get_backend(),
+                   "world": dist.get_world_size(), "rank": rank}, out)

@@ -16,9 +16,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="needs ray (pip install 'colls[ray]')")
 
-import colls.ray  # noqa: E402
 import ray_actors  # noqa: E402
 from ray_actors import LARGE, data  # noqa: E402
+
+import colls.ray  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
