@@ -7,7 +7,8 @@ sets one), runs ``fn(rank, world_size, *args)`` and pickles its return value or 
 a file of its own. A failing rank exits non-zero, which makes mpiexec stop the others; a job that
 does not finish within ``timeout`` has its whole process group killed. Either way
 :class:`~colls.testing.spawn.SpawnError` carries every rank's outcome and the tail of mpiexec's
-output, and nothing is left running.
+output, and nothing is left running. ``mpi_missing()`` says why it cannot run here (a test's skip
+reason), or None.
 
 ``fn`` must be importable by reference (a module-level function of an importable module): the
 ranks are fresh interpreters that get the parent's ``sys.path`` through ``PYTHONPATH``.
@@ -15,6 +16,7 @@ ranks are fresh interpreters that get the parent's ``sys.path`` through ``PYTHON
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import shutil
@@ -54,6 +56,16 @@ def find_mpiexec() -> str | None:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     return shutil.which("mpiexec")
+
+
+def mpi_missing() -> str | None:
+    """Return why :func:`run_mpi` cannot run here ("needs mpi4py ...", "needs mpiexec ..."), or
+    None: a test's skip reason."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return "needs mpi4py (pip install -e '.[mpi]')"
+    if find_mpiexec() is None:
+        return "needs mpiexec (next to sys.executable or on PATH)"
+    return None
 
 
 def _environment(env: Mapping[str, str] | None) -> dict[str, str]:

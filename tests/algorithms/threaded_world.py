@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _support import run_threads
 
 from colls.backend import Backend
 from colls.errors import BackendError
@@ -211,35 +212,20 @@ def run_ranks(
     fails it if a message was left unmatched (an algorithm sent more than its peers received).
     """
     world = world or ThreadedWorld(world_size, comm_timeout, delay)
-    results: list[Any] = [None] * world_size
-    errors: list[tuple[int, BaseException]] = []
 
-    def body(rank: int) -> None:
-        try:
-            results[rank] = fn(world.comms[rank])
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append((rank, exc))
-            world.abort(BackendError(f"rank {rank} failed: {exc!r}"))
+    def stop_the_others(rank: int, exc: BaseException) -> None:
+        world.abort(BackendError(f"rank {rank} failed: {exc!r}"))
 
-    threads = [
-        threading.Thread(target=body, args=(rank,), name=f"rank{rank}", daemon=True)
-        for rank in range(world_size)
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
-    failures = list(errors)  # before abort() below wakes the hung ranks with errors of its own
-    if hung:
+    run = run_threads(lambda rank: fn(world.comms[rank]), world_size, timeout,
+                      on_error=stop_the_others)
+    if run.hung:  # wake them; run.errors was taken before, so it holds only their own failures
         world.abort(BackendError("test timed out"))
     world.close()
-    if failures:
-        raise failures[0][1]
-    if hung:
-        pytest.fail(f"ranks {hung} of {world_size} still running after {timeout} s (hang)")
+    if run.errors:
+        raise run.errors[0][1]
+    if run.hung:
+        pytest.fail(f"ranks {run.hung} of {world_size} still running after {timeout} s (hang)")
     leftover = world.unmatched()
     if leftover:
         pytest.fail(f"{leftover} messages left unmatched after every rank returned")
-    return results
+    return run.results

@@ -9,9 +9,8 @@ which spreads the news through the store). Bad values are refused before any com
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from _support import needs_mpi
 from barrier_workers import LATE_S, SHORT_S, per_call_timeouts
 
 from colls.testing import spawn
@@ -19,14 +18,6 @@ from colls.testing import spawn
 WORLD = 3
 #: Scheduling slack on a loaded 2-core machine (the bound checked is "not the group's 60 s").
 SLACK_S = 3.0
-
-
-def _mpi_missing() -> str | None:
-    if importlib.util.find_spec("mpi4py") is None:
-        return "needs mpi4py"
-    from colls.testing.mpirun import find_mpiexec
-
-    return None if find_mpiexec() is not None else "needs mpiexec"
 
 
 def _run(backend: str) -> list[dict]:
@@ -40,8 +31,7 @@ def _run(backend: str) -> list[dict]:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("backend", [
     "tcp",
-    pytest.param("mpi", marks=pytest.mark.skipif(_mpi_missing() is not None,
-                                                 reason=str(_mpi_missing()))),
+    pytest.param("mpi", marks=needs_mpi),
 ])
 def test_barrier_timeout_is_per_call(backend):
     results = _run(backend)

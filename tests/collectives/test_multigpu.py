@@ -2,13 +2,13 @@
 
 Their scaling would count processes while the reduction runs over ``world_size * k`` arrays, so
 all_reduce_multigpu, reduce_multigpu and reduce_scatter_multigpu raise ValueError naming the op,
-the function and the rank. A world of one process (a HashStore) is enough: the refusal happens
-before any communication.
+the function and the rank. A world of one process (the suite's ``world_of_one``) is enough: the
+refusal happens before any communication.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,6 @@ import pytest
 
 import colls
 from colls.reduce_ops import ReduceOp, make_premul_sum
-from colls.store import HashStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,15 +23,6 @@ K = 2  # arrays per process
 COUNT = 5
 OPS = {"AVG": ReduceOp.AVG, "PREMUL_SUM": make_premul_sum(2.0)}
 FUNCTIONS = ("all_reduce_multigpu", "reduce_multigpu", "reduce_scatter_multigpu")
-
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    colls.init_process_group("tcp", store=HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        colls.destroy_process_group()
 
 
 def _arrays() -> list[np.ndarray]:

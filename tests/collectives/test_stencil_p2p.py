@@ -5,21 +5,19 @@ Each test runs on tcp (spawn) and on mpi (run_mpi under mpiexec, skipped without
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import stencil_workers as w
+from _support import needs_mpi
 
 from colls.testing import spawn
-from colls.testing.mpirun import find_mpiexec, run_mpi
+from colls.testing.mpirun import run_mpi
 
 pytestmark = pytest.mark.timeout(120)
 
-HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and find_mpiexec() is not None
-BACKENDS = ["tcp", pytest.param("mpi", marks=pytest.mark.skipif(
-    not HAVE_MPI, reason="needs mpi4py and mpiexec (pip install -e '.[mpi]')"))]
+BACKENDS = ["tcp", pytest.param("mpi", marks=needs_mpi)]
 
 
 def _run(backend: str, fn: Callable[..., Any], n: int) -> list[Any]:

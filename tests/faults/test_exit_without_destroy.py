@@ -9,7 +9,6 @@ all_reduce and prints what it got.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from colls.testing.spawn import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 60
@@ -42,12 +43,6 @@ RANK_SCRIPT = textwrap.dedent("""
     except Exception as exc:
         sys.stdout.write(f"{type(exc).__name__}: {exc}\\n")
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_pair(tmp_path: Path, how: str) -> tuple[str, str, int]:

@@ -9,23 +9,14 @@ the operation (it completes once rank 1 joins). monitored_barrier names the miss
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from _support import needs_mpi
 from fault_helpers import run_faulty
 from fault_workers import monitored, timeouts
 
 #: How late past its limit a timeout may fire on a loaded machine (the limits are 0.3 and 1 s;
 #: the patient group's 60 s is what a missed timeout would cost).
 SLACK_S = 3.0
-
-
-def _mpi_missing() -> str | None:
-    if importlib.util.find_spec("mpi4py") is None:
-        return "needs mpi4py"
-    from colls.testing.mpirun import find_mpiexec
-
-    return None if find_mpiexec() is not None else "needs mpiexec"
 
 
 def _run_timeouts(backend: str) -> dict:
@@ -39,8 +30,7 @@ def _run_timeouts(backend: str) -> dict:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", [
     "tcp",
-    pytest.param("mpi", marks=pytest.mark.skipif(_mpi_missing() is not None,
-                                                 reason=str(_mpi_missing()))),
+    pytest.param("mpi", marks=needs_mpi),
 ])
 def test_group_timeout_and_wait_override_are_honoured(backend):
     found = _run_timeouts(backend)
@@ -58,8 +48,7 @@ def test_group_timeout_and_wait_override_are_honoured(backend):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("backend", "wait_all"), [
     ("tcp", False), ("tcp", True),
-    pytest.param("mpi", True, marks=pytest.mark.skipif(_mpi_missing() is not None,
-                                                       reason=str(_mpi_missing()))),
+    pytest.param("mpi", True, marks=needs_mpi),
 ])
 def test_monitored_barrier_names_the_ranks_that_did_not_arrive(backend, wait_all):
     if backend == "mpi":

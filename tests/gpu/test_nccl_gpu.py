@@ -24,10 +24,11 @@ from __future__ import annotations
 import gpu_limits
 import numpy as np
 import pytest
+from _support import accepted_reductions, op_of
 
 import colls
 from colls import dtypes
-from colls.reduce_ops import RedOpType, make_premul_sum, resolve_op
+from colls.reduce_ops import RedOpType, resolve_op
 from colls.store import HashStore
 from colls.testing.arrays import random_array
 from colls.testing.spawn import spawn
@@ -72,19 +73,7 @@ def _to_host(array, dtype) -> np.ndarray:
     return cupy.asnumpy(array)
 
 
-def _op(kind: RedOpType):
-    return make_premul_sum(0.5) if kind is RedOpType.PREMUL_SUM else kind
-
-
-def _accepted(dtype, kind) -> bool:
-    try:
-        resolve_op(_op(kind), dtype, op_name="all_reduce")
-    except TypeError:
-        return False
-    return True
-
-
-PAIRS = [(d, k) for d in dtypes.DTYPES for k in RedOpType if _accepted(d, k)]
+PAIRS = accepted_reductions()
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -97,16 +86,16 @@ def test_all_reduce_every_dtype_and_op(nccl_world, dtype, kind, async_op):
         dtype.is_complex and kind is RedOpType.PRODUCT)
     if refused:
         with pytest.raises(ValueError, match="NCCL"):
-            colls.all_reduce(array, op=_op(kind), async_op=async_op)
+            colls.all_reduce(array, op=op_of(kind), async_op=async_op)
         assert _to_host(array, dtype).tobytes() == host.tobytes()
         check = cupy.ones(3, dtype=cupy.float32)
         colls.all_reduce(check)  # the refusal did not break the group
         assert cupy.asnumpy(check).tolist() == [1.0, 1.0, 1.0]
         return
-    work = colls.all_reduce(array, op=_op(kind), async_op=async_op)
+    work = colls.all_reduce(array, op=op_of(kind), async_op=async_op)
     if work is not None:
         work.wait()
-    expected = resolve_op(_op(kind), dtype, op_name="all_reduce").numpy_reference([host])
+    expected = resolve_op(op_of(kind), dtype, op_name="all_reduce").numpy_reference([host])
     assert _to_host(array, dtype).tobytes() == expected.tobytes()
 
 

@@ -23,6 +23,7 @@ from colls.run import job_store
 from colls.run.config import LaunchConfig
 from colls.run.processes import launch
 from colls.store.tcp_server import StoreServer
+from colls.testing.spawn import free_port
 
 pytestmark = pytest.mark.timeout(int(LAUNCH_TIMEOUT_S) * 2)
 
@@ -173,7 +174,7 @@ def test_a_launcher_with_threads_serves_the_store_from_a_thread(tmp_path, monkey
     other.start()
     try:
         config = LaunchConfig(str(script), (str(tmp_path),), nproc_per_node=3,
-                              master_port=_free_port(), start_method="exec", store_port=0)
+                              master_port=free_port(), start_method="exec", store_port=0)
         assert launch(config) == 0
         assert served_from == [threading.current_thread().name]  # its loop: a thread of ours
     finally:
@@ -212,11 +213,6 @@ def test_torch_distributed_binds_master_port_beside_colls_in_one_job(write_scrip
     assert result.returncode == 0, result.stderr
     for report in _reports(tmp_path, 3):
         assert report["colls"] == report["torch"] == [6.0] * 4
-
-
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        return int(sock.getsockname()[1])
 
 
 def test_a_dead_rank_0_is_named_by_every_survivor_while_the_store_lives(write_script,

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from colls.testing.mpirun import find_mpiexec
+from colls.testing.mpirun import mpi_missing
 
-
-def _missing() -> str | None:
-    if importlib.util.find_spec("mpi4py") is None:
-        return "mpi backend tests need mpi4py (pip install -e '.[mpi]')"
-    if find_mpiexec() is None:
-        return "mpi backend tests need mpiexec (next to sys.executable or on PATH)"
-    return None
-
-
-MISSING = _missing()
+MISSING = mpi_missing()
 
 
 @pytest.fixture(autouse=True)
 def _require_mpi(request: pytest.FixtureRequest) -> None:
     """Skip every test of this directory, with the reason, when MPI is not installed."""
     if MISSING is not None and not request.node.get_closest_marker("no_mpi_needed"):
-        pytest.skip(MISSING)
+        pytest.skip(f"mpi backend tests {MISSING}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

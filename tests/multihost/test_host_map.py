@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _support import on_threads
 
 from colls import dtypes, fingerprint
 from colls.algorithms import hierarchical
@@ -86,35 +87,13 @@ def hosts_by_thread(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[int]], No
     return use
 
 
-def _on_threads(fn: Callable[[int], Any], world_size: int) -> list[Any]:
-    results: list[Any] = [None] * world_size
-    errors: list[BaseException] = []
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
-               for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_S)
-    assert not any(t.is_alive() for t in threads), f"ranks still running after {JOIN_S} s"
-    if errors:
-        raise errors[0]
-    return results
-
-
 def test_every_rank_agrees_on_the_map_with_o_n_requests_and_no_key_left(hosts_by_thread):
     layout = [0, 1, 0, 2, 1, 0, 3, 3]
     hosts_by_thread(layout)
     store = CountingStore()
     n = len(layout)
-    maps = _on_threads(
-        lambda r: shm_setup.exchange_hosts(store, r, n, float("inf"), "g"), n)
+    maps = on_threads(
+        lambda r: shm_setup.exchange_hosts(store, r, n, float("inf"), "g"), n, JOIN_S)
     assert maps == [HostMap(((0, 2, 5), (1, 4), (3,), (6, 7)))] * n
     assert store.num_keys() == 0, "the exchange must not leave keys behind"
     # rank 0: one multi_get of the others' identities, the map's set, one delete of them all;
@@ -131,7 +110,7 @@ def _make_group(layout: list[int], name: str) -> list[TcpBackend]:
         options = BackendOptions(timeout=30.0, group_name=name, global_ranks=tuple(range(n)))
         return TcpBackend(PrefixStore(name, base), rank, n, options)
 
-    return _on_threads(create, n)
+    return on_threads(create, n, JOIN_S)
 
 
 def test_the_backend_runs_two_levels_over_shared_memory_and_sockets(hosts_by_thread,
@@ -163,7 +142,7 @@ def test_the_backend_runs_two_levels_over_shared_memory_and_sockets(hosts_by_thr
             backends[r].all_gather(out[r], np.full(5, r, dtype=np.int32), tags[1])
             backends[r].barrier(tags[2])
 
-        _on_threads(body, 4)
+        on_threads(body, 4, JOIN_S)
         for r in range(4):
             np.testing.assert_array_equal(arrays[r], sum(inputs))
             np.testing.assert_array_equal(out[r], np.repeat(np.arange(4, dtype=np.int32), 5))
@@ -188,7 +167,7 @@ def test_shared_memory_errors_name_group_ranks_not_host_indices(hosts_by_thread)
                 shm_collectives.barrier(second_host[i], tags[i])
             return str(info.value)
 
-        messages = _on_threads(mismatched, 2)
+        messages = on_threads(mismatched, 2, JOIN_S)
         assert messages[0].startswith("rank 2: barrier (shm) on rank 2: "), messages[0]
         assert "rank 3" in messages[0] and "rank 1" not in messages[0], messages[0]
         assert messages[1].startswith("rank 3: barrier (shm) on rank 3: "), messages[1]

@@ -34,9 +34,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _support import emulated_hosts
 
-from colls.testing import conformance, netns
-from colls.testing.mpirun import find_mpiexec
+from colls.testing import conformance
+from colls.testing.mpirun import find_mpiexec, mpi_missing
 from colls.testing.netns import EmulatedHosts
 
 HERE = Path(__file__).resolve().parent
@@ -57,10 +58,7 @@ _ports = itertools.count(29411)
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[EmulatedHosts]:
     """Two emulated hosts on one bridge, shared by the tests of this module."""
-    lack = netns.missing()
-    if lack:
-        pytest.skip(lack)
-    with netns.emulated_hosts(2) as made:
+    with emulated_hosts(2) as made:
         yield made
 
 
@@ -185,10 +183,9 @@ def test_a_host_without_shared_memory_meets_over_tcp_while_the_other_keeps_it(ho
 
 
 def test_mpiexec_runs_the_mpi_backend_across_hosts(hosts, tmp_path):
+    if mpi_missing() is not None:
+        pytest.skip(mpi_missing())
     mpiexec = find_mpiexec()
-    if mpiexec is None:
-        pytest.skip("needs mpiexec (the mpich wheel)")
-    pytest.importorskip("mpi4py", reason="needs mpi4py")
     env = _env(hosts, 0, UCX_TLS="tcp,self")  # UCX between hosts over TCP, never its shm
     for name in ("COLLS_HOST_ID", "COLLS_TCP_HOST", "GLOO_SOCKET_IFNAME"):
         env.pop(name)

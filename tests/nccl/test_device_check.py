@@ -17,30 +17,27 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _support import one_process_world
 from device_workers import HOST_ONLY, p2p_refusals, register_host_only
 
 import colls
 from colls import _dlpack_ctypes as dlc
 from colls import buffers, plugin_manager
-from colls.store import HashStore
 from colls.testing.arrays import CtypesDLPackArray
 from colls.testing.spawn import spawn
 
 pytestmark = pytest.mark.timeout(120)
 
-WORLD_OF_ONE = 1
-
 
 @pytest.fixture
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def host_only_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A host-only world of one process, with CuPy made unimportable."""
     monkeypatch.setitem(sys.modules, "cupy", None)
     register_host_only()
-    colls.init_process_group(HOST_ONLY, store=HashStore(), rank=0, world_size=WORLD_OF_ONE)
     try:
-        yield
+        with one_process_world(HOST_ONLY):
+            yield
     finally:
-        colls.destroy_process_group()
         plugin_manager.unregister_plugin(HOST_ONLY)
 
 
@@ -100,7 +97,7 @@ SYNC_AND_ASYNC = [(op, mode) for op in CASES for mode in ("sync", "async")
 
 
 @pytest.mark.parametrize(("op", "mode"), SYNC_AND_ASYNC)
-def test_cuda_array_is_refused_by_a_cpu_backend(world_of_one, op, mode):
+def test_cuda_array_is_refused_by_a_cpu_backend(host_only_world, op, mode):
     arg, call = CASES[op]
     host, other = _host(), _host()
     with pytest.raises(TypeError) as info:
@@ -114,7 +111,7 @@ def test_cuda_array_is_refused_by_a_cpu_backend(world_of_one, op, mode):
     assert np.array_equal(check, np.ones(2))
 
 
-def test_cpu_arrays_and_buffers_pass_the_check(world_of_one):
+def test_cpu_arrays_and_buffers_pass_the_check(host_only_world):
     array = np.arange(4, dtype=np.int64)
     colls.all_reduce(array)
     assert np.array_equal(array, np.arange(4))  # a world of one: the sum is the array
@@ -135,7 +132,7 @@ def test_device_of_reads_dlpack_without_importing(monkeypatch):
     assert buffers.device_of(CtypesDLPackArray(host, device_type=10)) is None  # ROCm
 
 
-def test_an_unknown_device_keeps_the_import_error(world_of_one):
+def test_an_unknown_device_keeps_the_import_error(host_only_world):
     rocm = CtypesDLPackArray(_host(), device_type=10)
     with pytest.raises(TypeError, match=re.escape("lives on DLPack device type 10 (kDLROCM)")):
         colls.all_reduce(rocm)

@@ -21,6 +21,7 @@ import importlib.util
 
 import numpy as np
 import pytest
+from _support import accepted_reductions, op_of
 
 from colls import dtypes
 from colls.errors import BackendError, NetworkError
@@ -49,19 +50,7 @@ NCCL_DTYPES = {"NCCL_INT8": dtypes.INT8, "NCCL_UINT8": dtypes.UINT8, "NCCL_INT32
                "NCCL_FLOAT64": dtypes.FLOAT64}
 
 
-def _op(kind: RedOpType):
-    return make_premul_sum(0.5) if kind is RedOpType.PREMUL_SUM else kind
-
-
-def _core_accepts(dtype, kind) -> bool:
-    try:
-        resolve_op(_op(kind), dtype, op_name="all_reduce")
-    except TypeError:
-        return False
-    return True
-
-
-PAIRS = [(d, k) for d in dtypes.DTYPES for k in RedOpType if _core_accepts(d, k)]
+PAIRS = accepted_reductions()
 
 
 def _run_plan(plan: datatypes.NcclReduction, spec, arrays: list[np.ndarray]) -> np.ndarray:
@@ -100,7 +89,7 @@ def _run_plan(plan: datatypes.NcclReduction, spec, arrays: list[np.ndarray]) -> 
 
 @pytest.mark.parametrize(("dtype", "kind"), PAIRS, ids=[f"{d.name}-{k.name}" for d, k in PAIRS])
 def test_every_pair_gives_torchs_result_or_torchs_error(dtype, kind):
-    spec = resolve_op(_op(kind), dtype, op_name="all_reduce")
+    spec = resolve_op(op_of(kind), dtype, op_name="all_reduce")
     if kind in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
         with pytest.raises(ValueError, match=rf"^all_reduce on rank 3: Cannot use "
                                              rf"ReduceOp\.{kind.name} with NCCL$"):

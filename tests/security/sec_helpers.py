@@ -1,36 +1,12 @@
-"""Helpers of the security tests: tcp backends on threads of this process."""
+"""Helpers of the security tests: a tcp backend for a rank on a thread of this process (the
+threads come from ``_support.on_threads``)."""
 
 from __future__ import annotations
-
-import threading
-from collections.abc import Callable
-from typing import Any
 
 from colls.options import BackendOptions
 from colls.store import PrefixStore
 from colls.store.base import Store
 from colls_plugins.tcp.backend import TcpBackend
-
-JOIN_TIMEOUT = 30.0
-
-
-def run_threads(fn: Callable[[int], Any], count: int, timeout: float = JOIN_TIMEOUT) -> list[Any]:
-    """Run ``fn(i)`` on ``count`` threads; return results (exceptions are returned, not raised)."""
-    results: list[Any] = [None] * count
-
-    def body(i: int) -> None:
-        try:
-            results[i] = fn(i)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            results[i] = exc
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), f"threads hung for {timeout} s"
-    return results
 
 
 def backend(store: Store, rank: int, world_size: int, *, timeout: float = 20.0,

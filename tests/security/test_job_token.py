@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sec_helpers import backend, run_threads
+from _support import on_threads
+from sec_helpers import backend
 
 from colls import auth, dtypes
 from colls.errors import NetworkError, StoreError
@@ -154,7 +155,8 @@ def test_the_mesh_listeners_warn_once_and_the_group_still_works(fresh_warnings, 
     store = HashStore()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        backends = run_threads(lambda r: backend(store, r, 2, name="warned"), 2)
+        backends = on_threads(lambda r: backend(store, r, 2, name="warned"), 2,
+                              errors_as_results=True)
     try:
         assert not any(isinstance(b, BaseException) for b in backends), backends
         assert [host for host, _ in asked] == ["127.0.0.1", "127.0.0.1"]
@@ -164,7 +166,7 @@ def test_the_mesh_listeners_warn_once_and_the_group_still_works(fresh_warnings, 
                         messages[0]), messages[0]
         arrays = [np.full(3, r + 1.0) for r in range(2)]
         total = resolve_op(ReduceOp.SUM, dtypes.FLOAT64, op_name="all_reduce")
-        run_threads(lambda r: backends[r].all_reduce(arrays[r], total, -1), 2)
+        on_threads(lambda r: backends[r].all_reduce(arrays[r], total, -1), 2)
         assert [a.tolist() for a in arrays] == [[3.0] * 3, [3.0] * 3]
     finally:
         for b in backends:

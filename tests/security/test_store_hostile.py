@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sec_helpers import run_threads
+from _support import on_threads
 
 from colls.store import TCPStore, _wire
 from colls.store._wire import Command, Status
@@ -269,7 +269,7 @@ def test_honest_clients_evicted_while_authenticating_try_again(caplog, monkeypat
                 client.set(f"client{i}", str(i).encode())
                 return client.get(f"client{i}")
 
-        results = run_threads(join, 16, timeout=60)
+        results = on_threads(join, 16, timeout=60)
     finally:
         server.stop()
     assert results == [str(i).encode() for i in range(16)]

@@ -15,7 +15,8 @@ import time
 import numpy as np
 import psutil
 import pytest
-from sec_helpers import backend, run_threads
+from _support import on_threads
+from sec_helpers import backend
 
 from colls.errors import CollsError
 from colls.store import HashStore
@@ -64,7 +65,7 @@ def test_one_loopback_listener_per_rank_while_the_group_lives_and_none_after():
         return {c.laddr for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
     before = listening()
-    backends = run_threads(lambda r: backend(store, r, 3), 3)
+    backends = on_threads(lambda r: backend(store, r, 3), 3, errors_as_results=True)
     try:
         opened = listening() - before  # lazy connections: peers may connect at any time
         published = {store.get(f"sec/{ADDRESS_KEY.format(rank=r)}").decode() for r in range(3)}
@@ -96,7 +97,7 @@ def test_a_silent_stranger_is_dropped_and_setup_goes_on(monkeypatch, caplog):
             dropped_after.append(time.monotonic() - start)
         return backend(store, r, 2)
 
-    backends = run_threads(rank, 2)
+    backends = on_threads(rank, 2, errors_as_results=True)
     try:
         assert not any(isinstance(b, BaseException) for b in backends), backends
         assert 0.3 < dropped_after[0] < 5.0
@@ -110,7 +111,8 @@ def test_a_silent_stranger_is_dropped_and_setup_goes_on(monkeypatch, caplog):
 def test_peers_with_the_same_token_connect(monkeypatch):
     monkeypatch.setenv("COLLS_SHM", "0")
     store = HashStore()
-    backends = run_threads(lambda r: backend(store, r, 3, token=TOKEN), 3)
+    backends = on_threads(lambda r: backend(store, r, 3, token=TOKEN), 3,
+                          errors_as_results=True)
     try:
         assert not any(isinstance(b, BaseException) for b in backends), backends
         assert _exchange(backends) == [1.0, 2.0, 3.0]
@@ -125,7 +127,8 @@ def test_a_rank_with_another_token_cannot_join(monkeypatch, caplog, other):
     caplog.set_level(logging.WARNING, logger="colls.tcp")
     store = HashStore()
     tokens = [TOKEN, other]
-    results = run_threads(lambda r: backend(store, r, 2, token=tokens[r], timeout=2.0), 2)
+    results = on_threads(lambda r: backend(store, r, 2, token=tokens[r], timeout=2.0), 2,
+                         errors_as_results=True)
     try:
         assert all(isinstance(r, CollsError) for r in results), results
         assert "refused a connection" in caplog.text

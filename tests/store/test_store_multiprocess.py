@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from store_testutil import TEST_TIMEOUT_S, free_port
+from _support import join_processes
+from store_testutil import TEST_TIMEOUT_S
 
 from colls.store import FileStore, Store, TCPStore
+from colls.testing.spawn import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,19 +60,8 @@ def _run(target: Callable[..., None], args: list[tuple[Any, ...]]) -> None:
     procs = [context.Process(target=target, args=a) for a in args]
     for proc in procs:
         proc.start()
-    try:
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        for proc in procs:
-            proc.join(max(deadline - time.monotonic(), 0.1))
-        hung = [p.pid for p in procs if p.is_alive()]
-        assert not hung, f"processes {hung} did not finish within {JOIN_TIMEOUT_S} s"
-        codes = [p.exitcode for p in procs]
-        assert codes == [0] * len(procs), f"exit codes {codes}"
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
+    codes = join_processes(procs, JOIN_TIMEOUT_S)
+    assert codes == [0] * len(procs), f"exit codes {codes}"
 
 
 def test_processes_exchange_through_tcp_store_with_child_master() -> None:

@@ -13,11 +13,12 @@ import threading
 import time
 
 import pytest
-from store_testutil import TEST_TIMEOUT_S, free_port
+from store_testutil import TEST_TIMEOUT_S
 
 from colls.errors import NetworkError, StoreError, StoreTimeoutError
 from colls.store import TCPStore, _listener, _wire
 from colls.store.tcp_server import StoreServer
+from colls.testing.spawn import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

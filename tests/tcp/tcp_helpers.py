@@ -1,13 +1,14 @@
-"""Helpers for the tcp backend tests: N backends on N threads of this process, and a record of
-which colls.algorithms implementations ran."""
+"""Helpers for the tcp backend tests: N backends on N threads of this process (through
+``_support.on_threads``), and a record of which colls.algorithms implementations ran."""
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from _support import on_threads
 
 from colls import algorithms
 from colls.options import BackendOptions
@@ -15,8 +16,6 @@ from colls.store import HashStore, PrefixStore
 from colls.store.base import Store
 from colls_plugins.tcp.backend import TcpBackend
 
-#: Seconds a helper waits for its threads; a hang fails the test instead of blocking the run.
-JOIN_TIMEOUT = 30.0
 #: Why a test of the compiled shared-memory hot loop is skipped where the extension is missing
 #: (here, not in conftest.py: ``from conftest import`` picks whichever conftest came first when
 #: pytest is given several test directories).
@@ -31,33 +30,6 @@ def options(world_size: int, timeout: float = 30.0, name: str = "g") -> BackendO
     return BackendOptions(timeout=timeout, group_name=name, global_ranks=tuple(range(world_size)))
 
 
-def run_ranks(
-    fn: Callable[[int], Any], world_size: int, timeout: float = JOIN_TIMEOUT
-) -> list[Any]:
-    """Run ``fn(rank)`` on one thread per rank; return the results, re-raise the first failure."""
-    results: list[Any] = [None] * world_size
-    errors: list[BaseException | None] = [None] * world_size
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    hung = [r for r, t in enumerate(threads) if t.is_alive()]
-    if hung:
-        raise AssertionError(f"ranks {hung} did not finish within {timeout} s")
-    for exc in errors:
-        if exc is not None:
-            raise exc
-    return results
-
-
 def make_group(
     world_size: int, store: Store | None = None, timeout: float = 30.0, name: str = "g"
 ) -> list[TcpBackend]:
@@ -68,7 +40,7 @@ def make_group(
         store = PrefixStore(name, base)
         return TcpBackend(store, rank, world_size, options(world_size, timeout, name))
 
-    return run_ranks(create, world_size)
+    return on_threads(create, world_size)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 import shm_tiny_workers
-from tcp_helpers import NOT_BUILT, run_ranks
+from _support import on_threads
+from tcp_helpers import NOT_BUILT
 
 from colls import dtypes, fingerprint
 from colls.errors import BackendError
@@ -34,7 +35,7 @@ def _reduce(group, name: str, inputs: list[np.ndarray], op: ReduceOp, dtype: dty
     assert all((b._shm.native is not None) == native for b in backends)
     spec = resolve_op(op, dtype, op_name="all_reduce")
     arrays = [a.copy() for a in inputs]
-    run_ranks(lambda r: backends[r].all_reduce(arrays[r], spec, tag), world)
+    on_threads(lambda r: backends[r].all_reduce(arrays[r], spec, tag), world)
     return arrays
 
 
@@ -142,7 +143,7 @@ def test_mismatched_tiny_calls_raise_naming_the_peer(group, shm_path):
             backends[rank].all_reduce(arrays[rank], spec, tags[rank])
         return True
 
-    assert run_ranks(body, 2) == [True, True]
+    assert on_threads(body, 2) == [True, True]
 
 
 @pytest.mark.timeout(120)

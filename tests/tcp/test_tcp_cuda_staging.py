@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tcp_helpers import WAIT, make_group, run_ranks
+from _support import on_threads
+from tcp_helpers import WAIT, make_group
 
 from colls import dtypes
 from colls.reduce_ops import ReduceOp, resolve_op
@@ -49,7 +50,7 @@ def test_all_reduce(group):
     n = len(group)
     spec = resolve_op(ReduceOp.SUM, dtypes.FLOAT32, op_name="all_reduce")
     arrays = [StandInDeviceArray(_data(r)) for r in range(n)]
-    run_ranks(lambda r: group[r].all_reduce(arrays[r], spec, TAG), n)
+    on_threads(lambda r: group[r].all_reduce(arrays[r], spec, TAG), n)
     expected = sum(_data(r) for r in range(n))
     for a in arrays:
         np.testing.assert_array_equal(a.host, expected)
@@ -59,13 +60,13 @@ def test_all_reduce(group):
 def test_broadcast_and_reduce(group, root):
     n = len(group)
     arrays = [StandInDeviceArray(_data(r)) for r in range(n)]
-    run_ranks(lambda r: group[r].broadcast(arrays[r], root, TAG), n)
+    on_threads(lambda r: group[r].broadcast(arrays[r], root, TAG), n)
     for a in arrays:
         np.testing.assert_array_equal(a.host, _data(root))
 
     spec = resolve_op(ReduceOp.MAX, dtypes.FLOAT32, op_name="reduce")
     arrays = [StandInDeviceArray(_data(r)) for r in range(n)]
-    run_ranks(lambda r: group[r].reduce(arrays[r], root, spec, TAG), n)
+    on_threads(lambda r: group[r].reduce(arrays[r], root, spec, TAG), n)
     for r, a in enumerate(arrays):  # the root gets the result; the others keep their input
         np.testing.assert_array_equal(a.host, _data(n - 1) if r == root else _data(r))
 
@@ -74,14 +75,14 @@ def test_all_gather_and_reduce_scatter(group):
     n = len(group)
     outputs = [StandInDeviceArray(np.zeros(n * COUNT, np.float32)) for _ in range(n)]
     inputs = [StandInDeviceArray(_data(r)) for r in range(n)]
-    run_ranks(lambda r: group[r].all_gather(outputs[r], inputs[r], TAG), n)
+    on_threads(lambda r: group[r].all_gather(outputs[r], inputs[r], TAG), n)
     for out in outputs:
         np.testing.assert_array_equal(out.host, np.concatenate([_data(r) for r in range(n)]))
 
     spec = resolve_op(ReduceOp.SUM, dtypes.FLOAT32, op_name="reduce_scatter")
     inputs = [StandInDeviceArray(_data(r, n * COUNT)) for r in range(n)]
     outputs = [StandInDeviceArray(np.zeros(COUNT, np.float32)) for _ in range(n)]
-    run_ranks(lambda r: group[r].reduce_scatter(outputs[r], inputs[r], spec, TAG), n)
+    on_threads(lambda r: group[r].reduce_scatter(outputs[r], inputs[r], spec, TAG), n)
     total = sum(_data(r, n * COUNT) for r in range(n))
     for r, out in enumerate(outputs):
         np.testing.assert_array_equal(out.host, total[r * COUNT : (r + 1) * COUNT])
@@ -91,19 +92,19 @@ def test_gather_scatter_all_to_all(group):
     n = len(group)
     out = StandInDeviceArray(np.zeros(n * COUNT, np.float32))
     inputs = [StandInDeviceArray(_data(r)) for r in range(n)]
-    run_ranks(lambda r: group[r].gather(out if r == 0 else None, inputs[r], 0, TAG), n)
+    on_threads(lambda r: group[r].gather(out if r == 0 else None, inputs[r], 0, TAG), n)
     np.testing.assert_array_equal(out.host, np.concatenate([_data(r) for r in range(n)]))
 
     source = StandInDeviceArray(_data(9, n * COUNT))
     outputs = [StandInDeviceArray(np.zeros(COUNT, np.float32)) for _ in range(n)]
-    run_ranks(lambda r: group[r].scatter(outputs[r], source if r == 1 else None, 1, TAG), n)
+    on_threads(lambda r: group[r].scatter(outputs[r], source if r == 1 else None, 1, TAG), n)
     for r, o in enumerate(outputs):
         np.testing.assert_array_equal(o.host, _data(9, n * COUNT)[r * COUNT : (r + 1) * COUNT])
 
     splits = [2] * n
     inputs = [StandInDeviceArray(_data(r, 2 * n)) for r in range(n)]
     outputs = [StandInDeviceArray(np.zeros(2 * n, np.float32)) for _ in range(n)]
-    run_ranks(lambda r: group[r].all_to_all(outputs[r], inputs[r], splits, splits, TAG), n)
+    on_threads(lambda r: group[r].all_to_all(outputs[r], inputs[r], splits, splits, TAG), n)
     for r, o in enumerate(outputs):
         expected = np.concatenate([_data(s, 2 * n)[2 * r : 2 * r + 2] for s in range(n)])
         np.testing.assert_array_equal(o.host, expected)
@@ -123,7 +124,7 @@ def test_send_and_receive(group):
             return work.get_future().result()
         return None
 
-    results = run_ranks(rank, n)
+    results = on_threads(rank, n)
     np.testing.assert_array_equal(received.host, _data(5))
     assert results[n - 1] == 0  # the sender's rank, as for a host array
     np.testing.assert_array_equal(sent.host, _data(5))

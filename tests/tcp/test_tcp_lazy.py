@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 import pytest
-from tcp_helpers import WAIT, options, run_ranks
+from _support import on_threads
+from tcp_helpers import WAIT, options
 
 from colls.errors import BackendError, CollsTimeoutError, NetworkError
 from colls.store import HashStore, PrefixStore
@@ -137,7 +138,7 @@ def test_concurrent_first_contact_between_every_pair(group, monkeypatch):
             work.wait(WAIT)
         return [float(g[0]) for g in got]
 
-    results = run_ranks(exchange, n, timeout=60)
+    results = on_threads(exchange, n, timeout=60)
     for rank, got in enumerate(results):
         assert got == [0.0 if s == rank else s * 10.0 + rank for s in range(n)]
     for backend in backends:

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from tcp_helpers import run_ranks
+from _support import on_threads
 
 from colls.errors import BackendError, CollsTimeoutError
 
@@ -53,7 +53,7 @@ def test_every_dtype_and_size_between_all_pairs(group, dtype):
             assert work.result() == peer
             np.testing.assert_array_equal(out, expected)
 
-    run_ranks(body, world)
+    on_threads(body, world)
 
 
 @pytest.mark.timeout(60)

@@ -10,7 +10,8 @@ from importlib import metadata
 
 import numpy as np
 import pytest
-from tcp_helpers import options, run_ranks
+from _support import on_threads
+from tcp_helpers import options
 
 from colls.errors import CollsTimeoutError
 from colls.store import HashStore, PrefixStore, TCPStore
@@ -91,7 +92,7 @@ def test_setup_bounded_by_timeout_names_missing_ranks():
         return str(info.value)
 
     start = time.monotonic()
-    messages = run_ranks(body, 2)  # rank 2 never comes
+    messages = on_threads(body, 2)  # rank 2 never comes
     assert time.monotonic() - start < 10
     for rank, message in enumerate(messages):
         assert f"rank {rank} of group 'g' could not connect within 1.5 s" in message
@@ -150,7 +151,7 @@ def test_group_over_a_tcp_store_with_tuned_sockets():
     clients = [TCPStore("127.0.0.1", master.port, timeout=30) for _ in range(2)]
     stores = [master, *clients]
     try:
-        backends = run_ranks(
+        backends = on_threads(
             lambda r: TcpBackend(PrefixStore("tcpg", stores[r]), r, 3, options(3, name="tcpg")), 3
         )
         try:
@@ -165,7 +166,7 @@ def test_group_over_a_tcp_store_with_tuned_sockets():
                 work.wait(20)
                 return out[0]
 
-            assert run_ranks(ring, 3) == [2, 0, 1]
+            assert on_threads(ring, 3) == [2, 0, 1]
         finally:
             for backend in backends:
                 backend.close()

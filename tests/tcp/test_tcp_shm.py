@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 import shm_workers
-from tcp_helpers import run_ranks
+from _support import on_threads
 
 from colls import dtypes, fingerprint
 from colls.errors import BackendError, CollsTimeoutError
@@ -75,7 +75,7 @@ def test_one_rank_with_colls_shm_0_keeps_the_whole_group_on_tcp(group, monkeypat
     backends = group(2, name="mixed")
     assert [b.uses_shm for b in backends] == [False, False]
     arrays = [np.arange(10.0) * (r + 1) for r in range(2)]
-    run_ranks(lambda r: backends[r].all_reduce(arrays[r], SUM_F64, -1), 2)
+    on_threads(lambda r: backends[r].all_reduce(arrays[r], SUM_F64, -1), 2)
     np.testing.assert_array_equal(arrays[0], np.arange(10.0) * 3)
 
 
@@ -87,7 +87,7 @@ def test_a_second_group_on_the_same_store_and_name_sets_up_afresh(group):
     second = group(2, store=store, name="again")
     assert [b.uses_shm for b in second] == [True, True]
     arrays = [np.full(5, r + 1.0) for r in range(2)]
-    run_ranks(lambda r: second[r].all_reduce(arrays[r], SUM_F64, -1), 2)
+    on_threads(lambda r: second[r].all_reduce(arrays[r], SUM_F64, -1), 2)
     np.testing.assert_array_equal(arrays[0], np.full(5, 3.0))
 
 
@@ -125,7 +125,7 @@ def test_algorithm_override_bypasses_shm(group, monkeypatch):
     assert backends[0]._shm_for("all_reduce") is None
     assert backends[0]._shm_for("broadcast") is not None
     arrays = [np.arange(1000.0) * (r + 1) for r in range(2)]
-    run_ranks(lambda r: backends[r].all_reduce(arrays[r], SUM_F64, -1), 2)
+    on_threads(lambda r: backends[r].all_reduce(arrays[r], SUM_F64, -1), 2)
     np.testing.assert_array_equal(arrays[1], np.arange(1000.0) * 3)
 
 
@@ -147,7 +147,7 @@ def test_mismatched_collectives_raise_instead_of_mixing_data(group, shm_path):
             backends[rank].all_reduce(arrays[rank], SUM_F64, tags[rank])
         return True
 
-    assert run_ranks(body, 2) == [True, True]
+    assert on_threads(body, 2) == [True, True]
 
 
 @pytest.mark.timeout(60)

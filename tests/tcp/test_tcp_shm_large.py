@@ -10,13 +10,10 @@ fallback, where small entries go).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 import pytest
 import shm_large_workers as workers
+from _support import on_threads
 from tcp_helpers import WAIT
 
 from colls.errors import BackendError, NetworkError
@@ -35,6 +32,8 @@ pytestmark = pytest.mark.skipif(
 
 MIB = 1 << 20
 REMOTE = pytest.mark.skipif(not shm_remote.available(), reason="no process_vm_readv here")
+#: Seconds the ranks on threads may take to set up.
+JOIN_S = 60.0
 
 
 # -- real processes ------------------------------------------------------------------------------
@@ -70,29 +69,6 @@ def test_strided_views_travel_into_strided_targets_as_numpy_says(shape):
 
 
 # -- ranks on threads ----------------------------------------------------------------------------
-
-def _on_threads(fn: Callable[[int], Any], world_size: int) -> list[Any]:
-    results: list[Any] = [None] * world_size
-    errors: list[BaseException] = []
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
-               for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "ranks still running after 60 s"
-    if errors:
-        raise errors[0]
-    return results
-
-
 @pytest.fixture
 def pair(monkeypatch: pytest.MonkeyPatch, shm_path: bool):
     """Return ``make(n=2)``: ``n`` backends on threads of this process, sharing memory."""
@@ -107,7 +83,7 @@ def pair(monkeypatch: pytest.MonkeyPatch, shm_path: bool):
                                      global_ranks=tuple(range(n)))
             return TcpBackend(PrefixStore("large", base), rank, n, options)
 
-        made.extend(_on_threads(create, n))
+        made.extend(on_threads(create, n, JOIN_S))
         return made[-n:]
 
     yield make

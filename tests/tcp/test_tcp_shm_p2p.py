@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import shm_p2p_workers
+from _support import on_threads
 from tcp_helpers import WAIT
 
 from colls.errors import BackendError, NetworkError
@@ -30,33 +30,12 @@ pytestmark = pytest.mark.skipif(
     shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
     reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
 )
+#: Seconds the ranks on threads may take.
+JOIN_S = 60.0
 
 
 def _channel(backend: TcpBackend, peer: int):  # noqa: ANN202 - the engine's Channel
     return backend._engine._channel_for(peer)
-
-
-def _on_threads(fn: Callable[[int], Any], world_size: int) -> list[Any]:
-    """Run ``fn(rank)`` on threads named ``rank<r>``; return the results, raise a failure."""
-    results: list[Any] = [None] * world_size
-    errors: list[BaseException] = []
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
-               for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "ranks still running after 60 s"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def _fill_unexpected(backend: TcpBackend, nbytes: int) -> None:
@@ -84,7 +63,7 @@ def hosts(monkeypatch: pytest.MonkeyPatch, shm_path: bool):
             options = BackendOptions(timeout=30.0, group_name="p2p", global_ranks=tuple(range(n)))
             return TcpBackend(PrefixStore("p2p", base), rank, n, options)
 
-        made.extend(_on_threads(create, n))
+        made.extend(on_threads(create, n, JOIN_S))
         return made[-n:]
 
     yield make
@@ -369,7 +348,7 @@ def test_blocking_sends_and_receives_stream_through_ring_wraps_and_the_socket(ho
                 assert (out == i % 251).all(), f"message {i} ({size} B) has other bytes"
         return i
 
-    assert _on_threads(run, 2) == [count - 1] * 2
+    assert on_threads(run, 2, JOIN_S) == [count - 1] * 2
     # the large ones were read from the sender's memory where it can be (shm_remote)
     assert out_channel.head > 2 * P2P_RING_BYTES
     assert out_channel.sockets_sent + out_channel.remote_sent > 0
@@ -396,7 +375,7 @@ def test_threads_sending_to_one_peer_each_keep_their_order_across_ring_and_socke
                 for i in range(count):
                     a.send(message(thread, i), 1, 10 + thread)
 
-            _on_threads(send_stream, senders)
+            on_threads(send_stream, senders, JOIN_S)
             return 0
         received = 0
         for i in range(count):
@@ -408,7 +387,7 @@ def test_threads_sending_to_one_peer_each_keep_their_order_across_ring_and_socke
                 received += 1
         return received
 
-    assert _on_threads(run, 2) == [0, senders * count]
+    assert on_threads(run, 2, JOIN_S) == [0, senders * count]
     channel = _channel(a, 1)
     assert channel.head > 0 and channel.sockets_sent + channel.remote_sent > 0  # all ways
 
@@ -532,7 +511,7 @@ def test_a_batch_of_ring_sized_receives_starts_its_sends_first_and_keeps_the_mat
             work.wait(WAIT)
         return got
 
-    got = _on_threads(exchange, 2)
+    got = on_threads(exchange, 2, JOIN_S)
     assert [g.tolist() for g in got[0]] == [[1, 1], [1, 2]]
     assert [g.tolist() for g in got[1]] == [[0, 1], [0, 2]]
     assert not any(args[2] == 0 for args in made)  # rank 1 posted nothing: its rows were there

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tcp_helpers import algorithm_runs, run_ranks
+from _support import on_threads
+from tcp_helpers import algorithm_runs
 
 from colls import dtypes
 from colls.algorithms import select
@@ -140,7 +141,7 @@ def _run(group, collective: str, world: int, count: int) -> list[tuple[str, str,
     assert [b.uses_shm for b in backends] == [False] * world, "the group is on shared memory"
     run, expected = CASES[collective]
     with algorithm_runs() as runs:
-        results = run_ranks(lambda r: run(backends[r], r, world, count), world)
+        results = on_threads(lambda r: run(backends[r], r, world, count), world)
     for rank, result in enumerate(results):
         want = expected(rank, world, count)
         if want is None:

@@ -9,13 +9,6 @@ import pytest
 import colls
 
 
-@pytest.fixture
-def world_of_one():
-    colls.init_process_group("tcp", store=colls.HashStore(), rank=0, world_size=1)
-    yield
-    colls.destroy_process_group()
-
-
 def test_rank_and_size_are_numbers_and_methods(world_of_one) -> None:
     group = colls.new_group([0])
     assert (group.rank, group.size) == (0, 1)

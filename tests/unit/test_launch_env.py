@@ -15,26 +15,14 @@ import pytest
 
 from colls import launch_env
 from colls.errors import NetworkError, RendezvousError
-from colls.rendezvous import RANK_VARIABLES, WORLD_SIZE_VARIABLES, rendezvous
+from colls.rendezvous import rendezvous
 from colls.store import TCPStore
 from colls.testing.spawn import free_port
 
-pytestmark = pytest.mark.timeout(60)
+#: Every test starts with none of the launchers' variables set (``clean_env``, tests/conftest.py).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_env")]
 
 TIMEOUT = datetime.timedelta(seconds=20)
-LAUNCHER_VARIABLES = (
-    *RANK_VARIABLES, *WORLD_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT",
-    launch_env.AGENT_STORE_VARIABLE, launch_env.RESTART_COUNT_VARIABLE,
-    "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID",
-)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Start every test with none of the launchers' variables set."""
-    for name in LAUNCHER_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
 
 
 # -------------------------------------------------------------------------------- torchrun

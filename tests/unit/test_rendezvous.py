@@ -5,43 +5,28 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _support import join_processes
 
 from colls.errors import NetworkError, RendezvousError
 from colls.rendezvous import (
     RANK_VARIABLES,
-    WORLD_SIZE_VARIABLES,
     register_rendezvous_handler,
     rendezvous,
     unregister_rendezvous_handler,
 )
 from colls.store import FileStore, HashStore, Store, TCPStore
+from colls.testing.spawn import free_port
 
-pytestmark = pytest.mark.timeout(120)
+#: Every test starts with none of the launchers' variables set (``clean_env``, tests/conftest.py).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("clean_env")]
 
 TIMEOUT_S = 20.0
 ENV_WORLD_SIZE = 3
 JOIN_TIMEOUT_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Start every test with none of the rendezvous variables set."""
-    for name in (*RANK_VARIABLES, *WORLD_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT",
-                 "COLLS_STORE_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
 
 
 def _rendezvous_closing(*args: object, **kwargs: object) -> tuple[type, int, int]:
@@ -100,7 +85,7 @@ def test_a_launcher_store_that_is_not_there_names_the_launcher(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
     clean_env.setenv("MASTER_ADDR", "127.0.0.1")
-    clean_env.setenv("COLLS_STORE_PORT", str(_free_port()))
+    clean_env.setenv("COLLS_STORE_PORT", str(free_port()))
     with pytest.raises(NetworkError, match="served by the launcher .*could not connect"):
         rendezvous("env://", rank=1, world_size=2, timeout=0.5)
     clean_env.setenv("COLLS_STORE_PORT", "0")
@@ -221,21 +206,12 @@ def _env_worker(rank: int, port: int) -> None:
 
 
 def test_env_three_processes() -> None:
-    port = _free_port()
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     procs = [context.Process(target=_env_worker, args=(r, port)) for r in range(ENV_WORLD_SIZE)]
     for proc in procs:
         proc.start()
-    try:
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        for proc in procs:
-            proc.join(max(deadline - time.monotonic(), 0.1))
-        assert [p.exitcode for p in procs] == [0] * ENV_WORLD_SIZE
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
+    assert join_processes(procs, JOIN_TIMEOUT_S) == [0] * ENV_WORLD_SIZE
 
 
 # ------------------------------------------------------------------------ tcp:// and file://

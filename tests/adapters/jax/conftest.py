@@ -1,4 +1,7 @@
-"""Fixtures of the colls_jax tests: JAX on CPU, and a one-process world for API checks."""
+"""Fixtures of the colls_jax tests: JAX on CPU, and the jit path a test runs on.
+
+The one-process world of the API checks is the suite's ``world_of_one`` (tests/conftest.py).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +12,6 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before the first import of jax
 pytest.importorskip("jax")
-
-import colls  # noqa: E402
-from colls.store import HashStore  # noqa: E402
-
-
-@pytest.fixture
-def world1() -> Iterator[None]:
-    """A tcp world of one process (this one), for checks that need no peer."""
-    if colls.is_initialized():
-        pytest.skip("a default process group is already initialised in this process")
-    colls.init_process_group("tcp", store=HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        colls.destroy_process_group()
-
 
 def ffi_built() -> bool:
     """Whether colls_jax's optional FFI extension was built (setup.py skips it if it cannot)."""

@@ -21,7 +21,7 @@ from jax.experimental import io_callback
 import colls
 from colls.store import HashStore
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("world1", "jit_path")]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("world_of_one", "jit_path")]
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 #: (result, token operand) of each staged collective in a lowered program: the host callback

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from typing import Any
 import colls_torch as C
 import torch
 import torch.distributed as T
+
+from colls.testing.spawn import free_port
 
 #: Floating dtypes gloo reduces, and the complex one PREMUL_SUM also covers.
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -201,12 +202,6 @@ def _without_env(*names: str) -> Callable[[Callable[[], Any]], Callable[[], Any]
     return wrap
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def fresh_mistakes(rank: int, size: int) -> list[dict[str, Any]]:
     """One process: each mistake through torch.distributed (gloo) and colls_torch."""
     cmp = Compare()
@@ -269,7 +264,7 @@ def fresh_mistakes(rank: int, size: int) -> list[dict[str, Any]]:
     cmp.same("store: get times out", lambda d: (
         s := d.HashStore(), s.set_timeout(short), s.get("missing")))
     cmp.same("TCPStore: no server", lambda d: d.TCPStore(
-        "127.0.0.1", _closed_port(), timeout=datetime.timedelta(milliseconds=300)))
+        "127.0.0.1", free_port(), timeout=datetime.timedelta(milliseconds=300)))
     C.destroy_process_group()
     T.destroy_process_group()
     return cmp.rows

@@ -21,25 +21,18 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
-import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from colls.testing.spawn import context as process_context
+from colls.testing.spawn import free_port
 
 #: Seconds a group of the pool may block before its collectives fail (a hang guard).
 GROUP_TIMEOUT = 60.0
 #: Seconds a scenario may take on every rank before the test fails as a hang.
 SCENARIO_TIMEOUT = 90.0
-
-
-def free_port() -> int:
-    """Return a TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answer(conn: Any, status: str, value: Any) -> None:

@@ -16,11 +16,12 @@ import torch.distributed as T  # noqa: E402
 from colls_torch import _errors, _ops  # noqa: E402
 from colls_torch._stores import TorchStore  # noqa: E402
 from colls_torch._tensors import Staging, shared_numpy  # noqa: E402
-from ct_pool import free_port, run_fresh  # noqa: E402
+from ct_pool import run_fresh  # noqa: E402
 
 import colls  # noqa: E402
 from colls import errors  # noqa: E402
 from colls.reduce_ops import PremulSum, RedOpType  # noqa: E402
+from colls.testing.spawn import free_port  # noqa: E402
 
 # -- the error table ---------------------------------------------------------------------------
 

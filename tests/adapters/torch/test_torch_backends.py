@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,25 +15,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import colls  # noqa: E402
+from _support import needs_mpi  # noqa: E402
+
+from colls.testing.mpirun import find_mpiexec  # noqa: E402
 
 HERE = Path(__file__).parent
 MPI_PROCS = 2
 
 
-def _mpi_skip_reason() -> str | None:
-    reason = colls.available_backends().get("mpi", "colls has no mpi backend")
-    if reason is not None:
-        return f"colls' mpi backend is unavailable: {reason}"
-    if shutil.which("mpiexec") is None and not (Path(sys.executable).parent / "mpiexec").exists():
-        return "mpiexec was not found"
-    return None
-
-
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(_mpi_skip_reason() is not None, reason=str(_mpi_skip_reason()))
+@needs_mpi
 def test_dropin_over_mpi():
-    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    mpiexec = find_mpiexec()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(HERE), os.environ.get("PYTHONPATH", "")])}
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):

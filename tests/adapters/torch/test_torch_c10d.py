@@ -12,7 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import ct_c10d  # noqa: E402
-from ct_pool import free_port, run_fresh  # noqa: E402
+from ct_pool import run_fresh  # noqa: E402
+
+from colls.testing.spawn import free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -114,7 +114,7 @@ def _port() -> str:
 
 
 def test_torch_initialised_with_gloo_first_keeps_two_worlds_and_says_so() -> None:
-    from ct_pool import free_port
+    from colls.testing.spawn import free_port
 
     got = run_fresh(_gloo_first, 2, env={"COLLS_TEST_PORT": str(free_port())})
     for backend, same, message, total in got:

@@ -17,7 +17,9 @@ torch = pytest.importorskip("torch")
 import colls_torch as C  # noqa: E402
 import ct_parity  # noqa: E402
 import torch.distributed as T  # noqa: E402
-from ct_pool import free_port, run_fresh  # noqa: E402
+from ct_pool import run_fresh  # noqa: E402
+
+from colls.testing.spawn import free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
