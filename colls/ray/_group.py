@@ -153,8 +153,8 @@ class CollsGroup(BaseGroup):
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, tensors: list[Any], allreduce_options: Any = None) -> None:
         """Reduce ``tensors`` (a list of one array, or one per device) across the group."""
-        op = _reduce_op(allreduce_options)
-        if len(_arrays(tensors, "allreduce")) == 1:
+        op, tensors = _reduce_op(allreduce_options), _arrays(tensors, "allreduce")
+        if len(tensors) == 1:
             self._run("allreduce", lambda: colls.all_reduce(tensors[0], op=op))
         else:
             self._run("allreduce", lambda: colls.all_reduce_multigpu(tensors, op=op))
@@ -166,7 +166,8 @@ class CollsGroup(BaseGroup):
     def reduce(self, tensors: list[Any], reduce_options: Any = None) -> None:
         """Reduce into ``tensors[root_tensor]`` of ``root_rank``; other ranks' arrays unchanged."""
         op, root = _reduce_op(reduce_options), _option(reduce_options, "root_rank", 0)
-        if len(_arrays(tensors, "reduce")) == 1:
+        tensors = _arrays(tensors, "reduce")
+        if len(tensors) == 1:
             self._run("reduce", lambda: colls.reduce(tensors[0], dst=root, op=op))
         else:
             index = _option(reduce_options, "root_tensor", 0)
@@ -175,8 +176,8 @@ class CollsGroup(BaseGroup):
 
     def broadcast(self, tensors: list[Any], broadcast_options: Any = None) -> None:
         """Copy ``root_rank``'s array into every rank's."""
-        root = _option(broadcast_options, "root_rank", 0)
-        if len(_arrays(tensors, "broadcast")) == 1:
+        root, tensors = _option(broadcast_options, "root_rank", 0), _arrays(tensors, "broadcast")
+        if len(tensors) == 1:
             self._run("broadcast", lambda: colls.broadcast(tensors[0], src=root))
         else:
             index = _option(broadcast_options, "root_tensor", 0)
@@ -186,7 +187,9 @@ class CollsGroup(BaseGroup):
     def allgather(self, tensor_lists: list[list[Any]], tensors: list[Any],
                   allgather_options: Any = None) -> None:
         """Fill ``tensor_lists[0]`` with every rank's ``tensors[0]``, in rank order."""
-        if len(_arrays(tensors, "allgather")) == 1:
+        tensors = _arrays(tensors, "allgather")
+        tensor_lists = [_arrays(outputs, "allgather") for outputs in tensor_lists]
+        if len(tensors) == 1:
             self._run("allgather", lambda: colls.all_gather(tensor_lists[0], tensors[0]))
         else:
             self._run("allgather", lambda: colls.all_gather_multigpu(tensor_lists, tensors))
@@ -194,8 +197,9 @@ class CollsGroup(BaseGroup):
     def reducescatter(self, tensors: list[Any], tensor_lists: list[list[Any]],
                       reducescatter_options: Any = None) -> None:
         """Reduce ``tensor_lists[0][r]`` over the group into rank r's ``tensors[0]``."""
-        op = _reduce_op(reducescatter_options)
-        if len(_arrays(tensors, "reducescatter")) == 1:
+        op, tensors = _reduce_op(reducescatter_options), _arrays(tensors, "reducescatter")
+        tensor_lists = [_arrays(inputs, "reducescatter") for inputs in tensor_lists]
+        if len(tensors) == 1:
             self._run("reducescatter",
                       lambda: colls.reduce_scatter(tensors[0], tensor_lists[0], op=op))
         else:
@@ -261,11 +265,28 @@ def _dead_ranks(members: dict[int, dict[str, Any]]) -> list[int]:
 
 
 def _arrays(tensors: Any, op: str) -> list[Any]:
+    """Return Ray's list of arrays, torch CPU tensors as NumPy views of the same memory."""
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise TypeError(
             f"colls.ray: {op} takes a non-empty list of arrays (ray.util.collective wraps the "
             f"array in a list), got {type(tensors).__name__}")
-    return list(tensors)
+    return [_host_view(t) for t in tensors]
+
+
+def _host_view(array: Any) -> Any:
+    """Return a torch CPU tensor as a NumPy view of its memory (else ``array`` unchanged).
+
+    colls takes torch tensors through DLPack, which costs about 0.1 ms a call; Ray's small
+    messages are latency-bound, and ``Tensor.numpy()`` shares the memory for a fraction of that.
+    bfloat16 (no NumPy dtype) and other devices keep the DLPack path.
+    """
+    if type(array).__module__.partition(".")[0] != "torch":
+        return array
+    import torch
+
+    if array.device.type != "cpu" or array.dtype is torch.bfloat16 or array.is_conj():
+        return array
+    return array.detach().numpy()
 
 
 def _option(options: Any, name: str, default: Any) -> Any:
