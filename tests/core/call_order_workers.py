@@ -1,4 +1,4 @@
-"""Ranks of tests/unit/test_p2p_call_order.py (module-level, so spawned processes import them)."""
+"""Ranks of tests/core/test_p2p_call_order.py (module-level, so spawned processes import them)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """colls.exit_hooks: who says goodbye at interpreter exit (the end-to-end cases are in
-tests/faults/test_exit_without_destroy.py)."""
+tests/core/test_exit_without_destroy.py)."""
 
 from __future__ import annotations
 
