@@ -1,8 +1,8 @@
 """colls.algorithms.hierarchical: every two-level shape against NumPy, on even and uneven hosts.
 
 The local level here is point-to-point (P2PLevel) on the strict threaded transport, so each shape
-is checked for data movement and message matching; tests/multihost runs them over shared memory
-and sockets across network namespaces.
+is checked for data movement and message matching; tests/launcher/test_multihost.py runs them over
+shared memory and sockets across network namespaces.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ memory and over sockets: every collective and send/recv on CuPy arrays, small an
 against NumPy; a slow kernel on a side stream writes the input and the staged copy must wait for
 it; torch CUDA tensors in place and JAX GPU arrays through colls.functional. Skipped, with the
 reason, without CuPy or a CUDA device. The pipeline's logic is also tested without a GPU
-(tests/unit/test_staging.py, tests/tcp/test_tcp_cuda_staging.py).
+(tests/core/test_staging.py, tests/tcp/test_tcp_cuda_staging.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Helpers of the security tests: a tcp backend for a rank on a thread of this process (the
-threads come from ``_support.on_threads``)."""
+"""Helpers of the tcp tests of who may connect (tokens, strangers, fuzz): a tcp backend for a rank
+on a thread of this process (the threads come from ``_support.on_threads``)."""
 
 from __future__ import annotations
 

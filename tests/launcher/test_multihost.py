@@ -42,13 +42,13 @@ from colls.testing.netns import EmulatedHosts
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "mh_worker.py"
-DDP_WORKER = HERE.parent / "launcher" / "torchrun_workers" / "ddp_worker.py"
+DDP_WORKER = HERE / "torchrun_workers" / "ddp_worker.py"
 
 #: A hung job is killed after this long (a 4-rank job needs seconds; the machine is loaded).
 JOB_TIMEOUT_S = 150.0
 pytestmark = pytest.mark.timeout(int(JOB_TIMEOUT_S) + 30)
 
-#: The conformance checks run across hosts: all but the failure clauses (tests/faults has them).
+#: The conformance checks run across hosts: all but the failure clauses (tests/core has them).
 CHECKS = ",".join(c for c in conformance.CHECKS if c not in ("wrong_size", "timeout", "close"))
 #: Small enough that a few thousand elements reach the bandwidth shapes (as check_backend does).
 TUNING = {"COLLS_SEGMENT_BYTES": "4096", "COLLS_SMALL_MESSAGE_BYTES": "4096"}

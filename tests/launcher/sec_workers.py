@@ -1,4 +1,4 @@
-"""Rank functions of the multi-process security tests (importable by spawned children)."""
+"""Rank functions of the COLLS_AUTH_TOKEN job tests (importable by spawned children)."""
 
 from __future__ import annotations
 
