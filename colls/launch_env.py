@@ -11,6 +11,13 @@ One place reads the variables of the launchers PyTorch users already have, so th
   four digits), the way torch users' sbatch scripts compute them.
 * mpiexec (MPICH's hydra, Open MPI): recognised so that an env:// error can point to the mpi
   backend, which needs no address.
+* Kubernetes operators and the JAX runtime, for a process started without a launcher in its pod
+  (:func:`scheduler_rank`, ...): Trainer v2 / JobSet pass torchrun's arguments as ``PET_*``
+  variables; Kubeflow's PyTorchJob sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE counting
+  pods (:func:`check_pods_are_processes`); MPIJob sets only mpiexec's variables, so rank 0's
+  address is sent to the others over MPI (:func:`mpi_master_address`); the JAX runtime sets
+  JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID. torch's and mpiexec's variables,
+  when set, win over all of these (docs/launcher.md has the table).
 * The node layout: the local rank each of them sets (LOCAL_RANK, SLURM_LOCALID, ...) picks a
   rank's GPU (the nccl backend). Which ranks share memory is not taken from the launcher: the
   tcp backend compares the kernels' identities and maps the segments, which is exact where a
@@ -203,17 +210,186 @@ def limit_threads_under_mpiexec(environ: dict[str, str] | None = None) -> bool:
     return True
 
 
+# -------------------------------------------------------- Kubernetes operators, JAX runtime
+#: torchrun's arguments as Trainer v2 / JobSet (and torchrun's own ``env`` defaults) name them.
+PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK = "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK"
+PET_MASTER_ADDR, PET_MASTER_PORT = "PET_MASTER_ADDR", "PET_MASTER_PORT"
+#: The JAX runtime's variables (``jax.distributed.initialize`` reads them on Cloud TPU, GKE...).
+JAX_COORDINATOR, JAX_NUM_PROCESSES, JAX_PROCESS_ID = (
+    "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+#: colls' store listens this far above JAX's coordinator port: the coordinator (process 0 of
+#: jax.distributed) holds the port itself.
+JAX_STORE_PORT_OFFSET: Final = 1
+
+
+def _int_variable(name: str, env: Mapping[str, str]) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r}: expected an integer") from None
+    if value < 0:
+        raise ValueError(f"environment variable {name}={raw!r}: expected a non-negative integer")
+    return value
+
+
+def _pet_processes_per_node(env: Mapping[str, str]) -> int:
+    """Return PET_NPROC_PER_NODE (1 when unset); a launcher's value (``auto``, ``gpu``) is 0."""
+    raw = env.get(PET_NPROC_PER_NODE, "").strip()
+    if not raw:
+        return 1
+    return int(raw) if raw.isdigit() else 0
+
+
+def _jax_coordinator(env: Mapping[str, str]) -> tuple[str, int] | None:
+    raw = env.get(JAX_COORDINATOR, "").strip()
+    if not raw:
+        return None
+    host, _, port = raw.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"environment variable {JAX_COORDINATOR}={raw!r}: expected host:port")
+    return host.strip("[]"), int(port)
+
+
+def scheduler_rank(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """Return this process's rank and the variables it came from, when no launcher set RANK.
+
+    Trainer v2 / JobSet: ``PET_NODE_RANK`` (the pod's index) when ``PET_NPROC_PER_NODE`` is 1
+    (one process per pod, started without torchrun); else the JAX runtime's JAX_PROCESS_ID.
+    """
+    env = os.environ if environ is None else environ
+    node = _int_variable(PET_NODE_RANK, env)
+    if node is not None and _pet_processes_per_node(env) == 1:
+        return node, PET_NODE_RANK
+    jax_id = _int_variable(JAX_PROCESS_ID, env)
+    return None if jax_id is None else (jax_id, JAX_PROCESS_ID)
+
+
+def scheduler_world_size(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """Return the world size and its variables, when no launcher set WORLD_SIZE.
+
+    Trainer v2 / JobSet: ``PET_NNODES`` (pods) when ``PET_NPROC_PER_NODE`` is 1; else the JAX
+    runtime's JAX_NUM_PROCESSES.
+    """
+    env = os.environ if environ is None else environ
+    nodes = _int_variable(PET_NNODES, env)
+    if nodes is not None and _pet_processes_per_node(env) == 1:
+        return nodes, PET_NNODES
+    count = _int_variable(JAX_NUM_PROCESSES, env)
+    return None if count is None else (count, JAX_NUM_PROCESSES)
+
+
+def scheduler_master_addr(environ: Mapping[str, str] | None = None) -> str | None:
+    """Return PET_MASTER_ADDR, else the host of JAX_COORDINATOR_ADDRESS, else None."""
+    env = os.environ if environ is None else environ
+    addr = env.get(PET_MASTER_ADDR, "").strip()
+    if addr:
+        return addr
+    coordinator = _jax_coordinator(env)
+    return None if coordinator is None else coordinator[0]
+
+
+def scheduler_master_port(environ: Mapping[str, str] | None = None) -> int | None:
+    """Return PET_MASTER_PORT, else JAX_COORDINATOR_ADDRESS's port + JAX_STORE_PORT_OFFSET."""
+    env = os.environ if environ is None else environ
+    port = _int_variable(PET_MASTER_PORT, env)
+    if port is not None:
+        return port
+    coordinator = _jax_coordinator(env)
+    return None if coordinator is None else coordinator[1] + JAX_STORE_PORT_OFFSET
+
+
+def check_pods_are_processes(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a pod's RANK/WORLD_SIZE for several processes started without a launcher.
+
+    Kubeflow's PyTorchJob gives each pod RANK (the pod's index) and WORLD_SIZE (the number of
+    pods), and, with ``nprocPerNode``, PET_NPROC_PER_NODE: the processes of one pod must then be
+    started by torchrun or colls-run, which set each one's RANK and WORLD_SIZE (and LOCAL_RANK).
+    A process that sees PET_NPROC_PER_NODE > 1 and no LOCAL_RANK was started by neither, and
+    would join with the pod's numbers.
+
+    Raises:
+        ValueError: naming the variables and what to run instead.
+    """
+    env = os.environ if environ is None else environ
+    per_node = _pet_processes_per_node(env)
+    if per_node > 1 and env.get("RANK", "").strip() and not env.get("LOCAL_RANK", "").strip():
+        raise ValueError(
+            f"env:// rendezvous: RANK={env['RANK'].strip()} and WORLD_SIZE="
+            f"{env.get('WORLD_SIZE', '').strip() or '?'} count pods (Kubeflow PyTorchJob), but "
+            f"{PET_NPROC_PER_NODE}={per_node} processes run in each: start them with colls-run or "
+            "torchrun in the pod (both read the PET_* variables), not directly")
+
+
+#: Variables through which a process reaches its MPI launcher (hydra's PMI socket, PMIx's
+#: server): without one, PMI_RANK & co. were set by hand, and MPI_Init would wait for nobody.
+MPI_CONNECTION_VARIABLES: Final = ("PMI_FD", "PMI_PORT", "PMIX_NAMESPACE", "PMIX_SERVER_URI2")
+#: Set once this process got rank 0's address over MPI (the exchange is collective: once only).
+_mpi_master: tuple[str, int] | None = None
+
+
+def mpi_master_address() -> tuple[str, int] | None:
+    """Return rank 0's address and a free port on it, sent to every rank over MPI.
+
+    For MPIJob (and any mpiexec) without MASTER_ADDR: the tcp backend still needs a store, so
+    mpiexec's rank 0 picks its address (``COLLS_TCP_HOST``, else its host name's address) and a
+    port the OS has free, and broadcasts both on MPI_COMM_WORLD with mpi4py. Every rank must
+    call it (it is collective); later calls return the same answer. None when this process does
+    not run under mpiexec or mpi4py is not installed.
+    """
+    global _mpi_master
+    if _mpi_master is not None:
+        return _mpi_master
+    if mpiexec_variable() is None or not any(
+            os.environ.get(name, "").strip() for name in MPI_CONNECTION_VARIABLES):
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    address = _this_host_and_free_port() if comm.Get_rank() == 0 else None
+    _mpi_master = comm.bcast(address, root=0)
+    return _mpi_master
+
+
+def _this_host_and_free_port() -> tuple[str, int]:
+    import socket
+
+    from colls import env  # the one module that reads COLLS_* variables
+
+    host = str(env.get("COLLS_TCP_HOST") or "")
+    if not host:
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return host, int(probe.getsockname()[1])
+
+
 __all__ = [
     "AGENT_STORE_VARIABLE",
     "LOCAL_RANK_VARIABLES",
+    "MPI_CONNECTION_VARIABLES",
     "MPI_LOCAL_SIZE_VARIABLES",
     "MPI_RANK_VARIABLES",
     "RESTART_COUNT_VARIABLE",
+    "JAX_STORE_PORT_OFFSET",
     "SLURM_PORT_BASE",
+    "check_pods_are_processes",
     "expand_nodelist",
     "limit_threads_under_mpiexec",
     "local_rank_variable",
+    "mpi_master_address",
     "mpiexec_variable",
+    "scheduler_master_addr",
+    "scheduler_master_port",
+    "scheduler_rank",
+    "scheduler_world_size",
     "slurm_master_addr",
     "slurm_master_port",
     "torchrun_attempt",

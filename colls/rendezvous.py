@@ -145,8 +145,10 @@ def _query(url: str) -> dict[str, str]:
     return {name: values[-1] for name, values in query.items()}
 
 
-def _resolve(name: str, argument: int, url: str, variables: tuple[str, ...]) -> int:
-    """Return ``name`` (rank or world_size) from the argument, the URL query or ``variables``."""
+def _resolve(name: str, argument: int, url: str, variables: tuple[str, ...],
+             scheduler: Callable[[], tuple[int, str] | None] | None = None) -> int:
+    """Return ``name`` (rank or world_size) from the argument, the URL query, ``variables``,
+    then ``scheduler`` (:mod:`colls.launch_env`'s reading of PET_* and JAX_* variables)."""
     query = _query(url)
     from_query = _parse_int(query[name], f"{name} in the URL {url!r}") if name in query else None
     if argument >= 0:
@@ -161,6 +163,9 @@ def _resolve(name: str, argument: int, url: str, variables: tuple[str, ...]) -> 
         raw = os.environ.get(variable)
         if raw is not None and raw.strip():
             return _parse_int(raw, f"environment variable {variable}")
+    found = scheduler() if scheduler is not None else None
+    if found is not None:
+        return found[0]
     where = f"pass {name}=" + (
         f" or set {' / '.join(variables)}" if variables else f" or add ?{name}=N to the URL"
     )
@@ -180,8 +185,14 @@ def _check_rank(rank: int, world_size: int, where: str) -> None:
 def _resolve_rank_and_size(
     url: str, rank: int, world_size: int, from_env: bool
 ) -> tuple[int, int]:
-    resolved_rank = _resolve("rank", rank, url, RANK_VARIABLES if from_env else ())
-    size = _resolve("world_size", world_size, url, WORLD_SIZE_VARIABLES if from_env else ())
+    if from_env:
+        launch_env.check_pods_are_processes()
+        resolved_rank = _resolve("rank", rank, url, RANK_VARIABLES, launch_env.scheduler_rank)
+        size = _resolve("world_size", world_size, url, WORLD_SIZE_VARIABLES,
+                        launch_env.scheduler_world_size)
+    else:
+        resolved_rank = _resolve("rank", rank, url, ())
+        size = _resolve("world_size", world_size, url, ())
     _check_rank(resolved_rank, size, url.split("?")[0])
     return resolved_rank, size
 
@@ -220,14 +231,17 @@ def _launcher_store(port: int, world_size: int, timeout: datetime.timedelta) -> 
 
 
 def _master_address() -> tuple[str, int]:
-    """Return MASTER_ADDR and MASTER_PORT, else Slurm's defaults (see colls.launch_env)."""
+    """Return MASTER_ADDR and MASTER_PORT, else the schedulers' (see colls.launch_env)."""
     addr = _master_host()
     raw_port = os.environ.get("MASTER_PORT", "").strip()
     if raw_port:
         return addr, _check_port(raw_port, "environment variable MASTER_PORT")
-    slurm_port = launch_env.slurm_master_port()
-    if slurm_port is not None:
-        return addr, slurm_port
+    for port in (launch_env.scheduler_master_port(), launch_env.slurm_master_port()):
+        if port is not None:
+            return addr, port
+    exchanged = launch_env.mpi_master_address()  # got already by _master_host, or None
+    if exchanged is not None and exchanged[0] == addr:
+        return exchanged
     raise RendezvousError(
         "env:// rendezvous: environment variable MASTER_PORT is not set; set it to a free "
         f"TCP port on the rank 0 host, e.g. MASTER_PORT=29500{_mpiexec_hint()}"
@@ -235,8 +249,13 @@ def _master_address() -> tuple[str, int]:
 
 
 def _master_host() -> str:
-    """Return MASTER_ADDR, else Slurm's default (the first host of the allocation)."""
-    addr = os.environ.get("MASTER_ADDR", "").strip() or launch_env.slurm_master_addr()
+    """Return MASTER_ADDR, else PET_MASTER_ADDR / JAX's coordinator host, else Slurm's default
+    (the first host of the allocation), else rank 0's address sent over MPI (mpi4py)."""
+    addr = (os.environ.get("MASTER_ADDR", "").strip() or launch_env.scheduler_master_addr()
+            or launch_env.slurm_master_addr())
+    if not addr:
+        exchanged = launch_env.mpi_master_address()  # MPIJob: rank 0's address, over MPI
+        addr = exchanged[0] if exchanged is not None else None
     if not addr:
         raise RendezvousError(
             "env:// rendezvous: environment variable MASTER_ADDR is not set; set it to the "
