@@ -236,7 +236,7 @@ def _master_address() -> tuple[str, int]:
     raw_port = os.environ.get("MASTER_PORT", "").strip()
     if raw_port:
         return addr, _check_port(raw_port, "environment variable MASTER_PORT")
-    for port in (launch_env.scheduler_master_port(), launch_env.slurm_master_port()):
+    for port in (launch_env.slurm_master_port(), launch_env.scheduler_master_port()):
         if port is not None:
             return addr, port
     exchanged = launch_env.mpi_master_address()  # got already by _master_host, or None
@@ -249,10 +249,10 @@ def _master_address() -> tuple[str, int]:
 
 
 def _master_host() -> str:
-    """Return MASTER_ADDR, else PET_MASTER_ADDR / JAX's coordinator host, else Slurm's default
-    (the first host of the allocation), else rank 0's address sent over MPI (mpi4py)."""
-    addr = (os.environ.get("MASTER_ADDR", "").strip() or launch_env.scheduler_master_addr()
-            or launch_env.slurm_master_addr())
+    """Return MASTER_ADDR, else Slurm's default (the first host of the allocation), else
+    PET_MASTER_ADDR / JAX's coordinator host, else rank 0's address sent over MPI (mpi4py)."""
+    addr = (os.environ.get("MASTER_ADDR", "").strip() or launch_env.slurm_master_addr()
+            or launch_env.scheduler_master_addr())
     if not addr:
         exchanged = launch_env.mpi_master_address()  # MPIJob: rank 0's address, over MPI
         addr = exchanged[0] if exchanged is not None else None
