@@ -17,7 +17,7 @@ Two kinds of entry, because a user's call and a transport's method are not one-t
 Every other table is derived from these two: the op codes and agreed arguments of
 :mod:`colls.fingerprint`, the whole-buffer staging of :mod:`colls.staging`, the mpi backend's
 staging roles, :data:`colls.algorithms.select.ALGORITHMS`, and the collectives ``colls``
-exports. tests/unit/test_collective_table.py fails when a collective is missing from any of
+exports. tests/core/test_collective_table.py fails when a collective is missing from any of
 them. This module imports nothing of colls (and no dataclasses: ``import colls`` reads it and
 stays cheap), so any module may import it.
 """
