@@ -131,3 +131,20 @@ def one_ddp_step(config: dict[str, Any]) -> None:
     with open(f"{config['out']}.{rank}", "w") as out:
         json.dump({"grads": grads, "backend": dist.get_backend(),
                    "world": dist.get_world_size(), "rank": rank}, out)
+
+
+def join_plain(actor: Any, world_size: int, rank: int, group: str) -> None:
+    """Join ``group`` Ray's own way: register in this actor, then init_collective_group."""
+    del actor
+    import colls.ray
+
+    colls.ray.register()
+    col.init_collective_group(world_size, rank, backend="colls", group_name=group)
+
+
+def allreduce_value(actor: Any, group: str, value: float) -> list[float]:
+    """All-reduce ``value`` (4 float64 copies) in ``group``; return the result."""
+    del actor
+    x = np.full(4, value)
+    col.allreduce(x, group_name=group)
+    return x.tolist()

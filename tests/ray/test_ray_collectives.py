@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,3 +123,30 @@ def test_a_second_group_of_one_name_is_refused(peers: list[Any]) -> None:
 def test_bad_ranks_are_refused_before_anything_starts(peers: list[Any]) -> None:
     with pytest.raises(ValueError, match=r"ranks must be a permutation of 0\.\.1"):
         colls.ray.create_collective_group(peers[:2], ranks=[0, 0])
+
+
+@pytest.mark.timeout(240)
+def test_ray_s_own_init_in_each_actor_works_and_cleans_up(peers: list[Any]) -> None:
+    name = f"plain{next(_names)}"
+    ray.get([a.__ray_call__.remote(ray_actors.join_plain, 2, r, name)
+             for r, a in enumerate(peers[:2])], timeout=180)
+    got = ray.get([a.__ray_call__.remote(ray_actors.allreduce_value, name, r + 1.0)
+                   for r, a in enumerate(peers[:2])], timeout=60)
+    assert got == [[3.0] * 4, [3.0] * 4]
+    # One colls group per actor: joining a second one says so.
+    with pytest.raises(RuntimeError, match=(
+            r"colls.ray: cannot join group 'other' as rank 0: this actor \(pid \d+\) is already "
+            r"in a colls group \(colls' world, rank 0 of 2\); a process is in one colls group at "
+            r"a time")):
+        ray.get(peers[0].__ray_call__.remote(ray_actors.join_plain, 1, 0, "other"), timeout=60)
+    ray.get([a.__ray_call__.remote(ray_actors.leave, name) for a in peers[:2]], timeout=60)
+    # The store actor a rank started (detached) ended with the last rank's leaving.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(f"colls-store/{name}")
+        except ValueError:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the store actor colls-store/{name} outlived its group")
