@@ -1,6 +1,6 @@
 """Build the optional C extensions of colls; the metadata lives in pyproject.toml.
 
-``colls_plugins.tcp._shm_native`` (the shared-memory hot loop, docs/design.md) is optional: when
+``colls_plugins.tcp.shm._native`` (the shared-memory hot loop, docs/design.md) is optional: when
 no C compiler is there, or the build fails for any reason, the install goes on without it and the
 tcp backend runs its pure-Python path. ``colls_jax._ffi_native`` (the XLA FFI handler of
 colls_jax's jit path, docs/jax.md) is optional the same way: without it jitted colls_jax
@@ -36,8 +36,8 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("colls_plugins.tcp._shm_native",
-                           ["colls_plugins/tcp/_shm_native.c"], optional=True),
+    ext_modules=[Extension("colls_plugins.tcp.shm._native",
+                           ["colls_plugins/tcp/shm/_native.c"], optional=True),
                  Extension("colls_jax._ffi_native",
                            ["adapters/colls_jax/_ffi_native.c"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},

@@ -81,7 +81,7 @@ class CollsP2p(peers.Colls):
         """The shm layer's all_reduce and barrier, with tags as the core would make them."""
         from colls import dispatch, dtypes
         from colls.reduce_ops import resolve_op
-        from colls_plugins.tcp import shm_collectives
+        from colls_plugins.tcp.shm import collectives as shm_collectives
 
         shm = getattr(dispatch.default_group().backend, "_shm", None)
         if shm is None:

@@ -31,7 +31,7 @@ Startup model, L ranks per host on H hosts (N = H·L), the host's ranks sharing 
   ``t_req`` each. Requests per
   rank are constant: 9 for the rendezvous, the host map and the tcp address, and 5 for the
   shared-memory setup, whose two rounds go through each host's first rank
-  (colls_plugins/tcp/shm_setup.py); 14 in all, measured at every size from 32 to 256 (14.4 at
+  (colls_plugins/tcp/shm/setup.py); 14 in all, measured at every size from 32 to 256 (14.4 at
   8, where the one request that deletes a round's keys is shared by fewer ranks);
 * the ring connections: one α each.
 

@@ -1,11 +1,11 @@
 """The world group's host map, kept so that a subgroup derives its own instead of asking the store.
 
-Every tcp group needs to know which of its ranks share a host (:mod:`shm_setup`). The world
-group finds out through the store: every rank publishes its host identity and rank 0 publishes
-the map. A subgroup (``new_group``, ``new_subgroups``: 64 groups of 4 at 256 ranks) would repeat
-that exchange, although the answer is already known: a process's host never changes, so the
-subgroup's map is the world's map restricted to its members. Every member derives the same map
-from the same world map, so they still agree without a message.
+Every tcp group needs to know which of its ranks share a host (:mod:`~colls_plugins.tcp.shm.setup`).
+The world group finds out through the store: every rank publishes its host identity and rank 0
+publishes the map. A subgroup (``new_group``, ``new_subgroups``: 64 groups of 4 at 256 ranks) would
+repeat that exchange, although the answer is already known: a process's host never changes, so the
+subgroup's map is the world's map restricted to its members. Every member derives the same map from
+the same world map, so they still agree without a message.
 
 The map is kept per store under the groups' prefixes (``colls.new_group`` puts every group in a
 :class:`~colls.store.PrefixStore` of the world's store), so a subgroup of another job's store, or

@@ -2,12 +2,12 @@
 
 The constructor builds the connection mesh through the group's store (blocking until every rank
 has joined, bounded by ``options.timeout``), starts the progress engine, agrees on the group's
-host map and maps shared memory among the ranks of this host (:mod:`~colls_plugins.tcp.shm_setup`).
+host map and maps shared memory among the ranks of this host (:mod:`~colls_plugins.tcp.shm.setup`).
 Point-to-point goes to the engine (small messages between ranks of this host through shared
-memory, :mod:`~colls_plugins.tcp.shm_p2p`). all_reduce, broadcast, reduce, all_gather,
+memory, :mod:`~colls_plugins.tcp.shm.p2p`). all_reduce, broadcast, reduce, all_gather,
 reduce_scatter and barrier run:
 
-* on a group within one host: through :mod:`~colls_plugins.tcp.shm_collectives` when shared
+* on a group within one host: through :mod:`~colls_plugins.tcp.shm.collectives` when shared
   memory is up, else through :mod:`colls.algorithms` over ``isend``/``irecv``;
 * on a group that spans hosts with several ranks on some host: in the two-level shapes of
   :mod:`colls.algorithms.hierarchical` that :func:`colls.algorithms.select.choose_levels` picks
@@ -28,17 +28,17 @@ from colls.algorithms import hierarchical, select
 from colls.algorithms.hosts import HostMap
 from colls.backend import Backend, every_rank_has_a_core
 from colls.staging import stage_cuda
-from colls_plugins.tcp import shm_collectives
 from colls_plugins.tcp._frames import HOLD_TAG, MAX_TAG
 from colls_plugins.tcp._scratch import ScratchArena
 from colls_plugins.tcp._world_hosts import forget as forget_world_hosts
 from colls_plugins.tcp.connections import Mesh
 from colls_plugins.tcp.engine import Engine
-from colls_plugins.tcp.shm import ShmGroup
-from colls_plugins.tcp.shm_level import ShmLevel
-from colls_plugins.tcp.shm_p2p import Channels
-from colls_plugins.tcp.shm_setup import derived_hosts
-from colls_plugins.tcp.shm_setup import setup as setup_shm
+from colls_plugins.tcp.shm import collectives as shm_collectives
+from colls_plugins.tcp.shm.group import ShmGroup
+from colls_plugins.tcp.shm.level import ShmLevel
+from colls_plugins.tcp.shm.p2p import Channels
+from colls_plugins.tcp.shm.setup import derived_hosts
+from colls_plugins.tcp.shm.setup import setup as setup_shm
 
 if TYPE_CHECKING:
     from colls.options import BackendOptions

@@ -42,7 +42,7 @@ fails all pending work. :meth:`Engine.close` fails whatever is still pending wit
 
 Host peers: once the backend's shared memory is up (:meth:`Engine.use_shm`), small messages to
 and from the ranks of this host go through rings in shared memory
-(:mod:`colls_plugins.tcp.shm_p2p`, which also explains how the order of messages that take
+(:mod:`colls_plugins.tcp.shm.p2p`, which also explains how the order of messages that take
 different transports is kept); the engine matches their entries in the same table, under the
 same lock.
 """
@@ -85,8 +85,8 @@ from colls_plugins.tcp._mismatch import (
 )
 from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, RX_HELD, Peer, SendOp, consume, gather
 from colls_plugins.tcp.connections import Connection, Incoming, Mesh, peer_name
-from colls_plugins.tcp.shm import SPIN_ITERATION_SECONDS
-from colls_plugins.tcp.shm_p2p import (
+from colls_plugins.tcp.shm.group import SPIN_ITERATION_SECONDS
+from colls_plugins.tcp.shm.p2p import (
     DRIVEN_TICK_SECONDS,
     SMALL_BYTES,
     TICK_LINGER_SECONDS,
@@ -97,7 +97,7 @@ from colls_plugins.tcp.shm_p2p import (
     PollingFuture,
     poll_briefly,
 )
-from colls_plugins.tcp.shm_remote import REMOTE_FLAG
+from colls_plugins.tcp.shm.remote import REMOTE_FLAG
 
 logger = logging.getLogger("colls.tcp")
 

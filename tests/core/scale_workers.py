@@ -46,7 +46,7 @@ def many_subgroups(rank: int, world_size: int) -> dict[str, Any]:
 
 def subgroups_on_two_hosts(rank: int, world_size: int) -> dict[str, Any]:
     """On hosts {0, 1} and {2, 3} (COLLS_HOST_ID), make subgroups; count host-map exchanges."""
-    from colls_plugins.tcp import shm_setup
+    from colls_plugins.tcp.shm import setup as shm_setup
 
     os.environ["COLLS_HOST_ID"] = f"host{rank // 2}"
     exchanges: list[str] = []

@@ -21,7 +21,7 @@ from launch_helpers import launcher_env
 pytest.importorskip("torch", reason="needs torch")
 
 from colls.testing.spawn import free_port  # noqa: E402
-from colls_plugins.tcp.shm_setup import shm_supported  # noqa: E402
+from colls_plugins.tcp.shm.setup import shm_supported  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 

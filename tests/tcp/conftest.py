@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from tcp_helpers import NOT_BUILT, make_group
 
-from colls_plugins.tcp import shm_native
 from colls_plugins.tcp.backend import TcpBackend
+from colls_plugins.tcp.shm import native as shm_native
 
 
 @pytest.fixture

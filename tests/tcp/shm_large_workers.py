@@ -1,6 +1,6 @@
 """Workers of the tests of large and strided point-to-point messages between host peers
 (importable by spawned children): ring entries of up to half the ring, remote reads
-(colls_plugins.tcp.shm_remote) beyond, and non-contiguous arrays staged by the core."""
+(colls_plugins.tcp.shm.remote) beyond, and non-contiguous arrays staged by the core."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 
 import colls
 from colls import dispatch
-from colls_plugins.tcp.shm import P2P_RING_BYTES
-from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, SMALL_BYTES
+from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES, SMALL_BYTES
+from colls_plugins.tcp.shm.segment import P2P_RING_BYTES
 
 KIB, MIB = 1 << 10, 1 << 20
 #: Message sizes around every limit: the old ring limit (16 KiB, now the small entries' limit),

@@ -10,7 +10,7 @@ import numpy as np
 import colls
 from colls import dispatch
 from colls.errors import CollsError
-from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES
+from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES
 
 #: Sizes of one stream of messages with one tag from rank 0 to rank 1: tiny and empty ones
 #: through the ring, large ones over the socket (held unread when no receive is posted), one

@@ -25,7 +25,7 @@ def uses_shm() -> bool:
 
 
 def uses_native() -> bool:
-    """Whether its shared memory runs the compiled hot loop (colls_plugins.tcp.shm_native)."""
+    """Whether its shared memory runs the compiled hot loop (colls_plugins.tcp.shm.native)."""
     return dispatch.default_group().backend._shm.native is not None
 
 

@@ -25,8 +25,9 @@ from colls.errors import BackendError
 from colls.options import BackendOptions
 from colls.reduce_ops import resolve_op
 from colls.store import HashStore, PrefixStore
-from colls_plugins.tcp import shm_collectives, shm_setup
 from colls_plugins.tcp.backend import TcpBackend
+from colls_plugins.tcp.shm import collectives as shm_collectives
+from colls_plugins.tcp.shm import setup as shm_setup
 
 pytestmark = pytest.mark.timeout(120)
 JOIN_S = 60.0

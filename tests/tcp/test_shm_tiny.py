@@ -1,4 +1,4 @@
-"""The tcp backend's tiny all_reduce through the control page (colls_plugins.tcp.shm_tiny).
+"""The tcp backend's tiny all_reduce through the control page (colls_plugins.tcp.shm.tiny).
 
 Tests that take ``shm_path`` run twice: on the compiled hot loop and on the pure-Python one.
 """
@@ -17,7 +17,10 @@ from colls import dtypes, fingerprint
 from colls.errors import BackendError
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls.testing.spawn import spawn
-from colls_plugins.tcp import shm, shm_native, shm_setup, shm_tiny
+from colls_plugins.tcp.shm import native as shm_native
+from colls_plugins.tcp.shm import segment as shm_segment
+from colls_plugins.tcp.shm import setup as shm_setup
+from colls_plugins.tcp.shm import tiny as shm_tiny
 
 pytestmark = pytest.mark.skipif(
     shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
@@ -60,7 +63,7 @@ def _fold_inputs(dtype: dtypes.DType, count: int, world: int) -> list[np.ndarray
                          ids=lambda d: d.name)
 def test_the_fold_is_bitwise_numpys_rank_order_reduction(group, shm_path, op, dtype):
     """Every (dtype, op) the fold covers, on three ranks, compared byte for byte."""
-    full = shm.TINY_BYTES // dtype.itemsize
+    full = shm_segment.TINY_BYTES // dtype.itemsize
     for count in (1, full):  # one element, and a full line
         inputs = _fold_inputs(dtype, count, 3)
         assert (op.name, dtype) in shm_tiny.FOLDS and shm_tiny.fits(inputs[0])
@@ -108,7 +111,7 @@ def test_integer_overflow_wraps_as_in_numpy(group, shm_path, dtype):
 def test_ops_and_dtypes_without_a_fold_use_numpys_kernel(group, op, dtype):
     assert (op.name, dtype) not in shm_tiny.FOLDS
     rng = np.random.default_rng(3)
-    count = shm.TINY_BYTES // dtype.itemsize
+    count = shm_segment.TINY_BYTES // dtype.itemsize
     inputs = [rng.integers(0, 4, count).astype(dtype.numpy) for _ in range(3)]
     if dtype is dtypes.FLOAT32:
         inputs[1][0] = np.nan  # np.minimum propagates it
@@ -120,7 +123,7 @@ def test_ops_and_dtypes_without_a_fold_use_numpys_kernel(group, op, dtype):
 @pytest.mark.timeout(60)
 def test_sizes_around_the_tiny_limit_are_right(group):
     """TINY_BYTES goes through the control page, one element more through a slot."""
-    count = shm.TINY_BYTES // 4
+    count = shm_segment.TINY_BYTES // 4
     for extra in (0, 1):
         inputs = [np.arange(count + extra, dtype=np.float32) * (r + 1) for r in range(2)]
         assert shm_tiny.fits(inputs[0]) == (extra == 0)

@@ -1,7 +1,7 @@
 """Lazy connections: who connects to whom, simultaneous first contact, peers that never answer.
 
 Shared memory is off here: with it, small messages between ranks of one host go through
-shared memory and open no connection at all (colls_plugins/tcp/shm_p2p.py).
+shared memory and open no connection at all (colls_plugins/tcp/shm/p2p.py).
 """
 
 from __future__ import annotations

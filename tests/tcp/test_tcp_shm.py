@@ -24,7 +24,10 @@ from colls.errors import BackendError, CollsTimeoutError
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls.store import HashStore
 from colls.testing.spawn import free_port, spawn
-from colls_plugins.tcp import shm, shm_native, shm_setup
+from colls_plugins.tcp.shm import group as shm_group
+from colls_plugins.tcp.shm import native as shm_native
+from colls_plugins.tcp.shm import segment as shm_segment
+from colls_plugins.tcp.shm import setup as shm_setup
 
 #: Small slots (4 KiB) so that a few thousand elements take the multi-piece paths.
 SMALL_SLOTS = {"COLLS_SEGMENT_BYTES": "4096"}
@@ -227,10 +230,10 @@ def test_sigkill_leaves_no_segment_and_fails_the_survivor_fast(shm_path):
 
 def test_segment_is_anonymous_and_peers_map_it_read_only(shm_path):
     native = shm_native.load()
-    seg = shm.Segment.create(4096, token=1234)
+    seg = shm_segment.Segment.create(4096, token=1234)
     try:
         assert os.readlink(f"/proc/self/fd/{seg.fd}").startswith("/memfd:colls-tcp-shm")
-        peer = shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=1234, native=native)
+        peer = shm_segment.Segment.open_peer(os.getpid(), seg.fd, 4096, token=1234, native=native)
         try:
             byte = np.dtype(np.uint8)
             seg.typed(0, byte)[:4] = [1, 2, 3, 4]
@@ -243,7 +246,7 @@ def test_segment_is_anonymous_and_peers_map_it_read_only(shm_path):
         finally:
             peer.close()
         with pytest.raises(ValueError, match="token"):
-            shm.Segment.open_peer(os.getpid(), seg.fd, 4096, token=99, native=native)
+            shm_segment.Segment.open_peer(os.getpid(), seg.fd, 4096, token=99, native=native)
     finally:
         seg.close()
 
@@ -254,10 +257,11 @@ def test_a_mapped_peer_segment_holds_no_descriptor_where_it_can(shm_path):
     A rank of a 256-rank host maps 255 peers: one descriptor each would be 255 per rank.
     """
     native = shm_native.load()
-    segments = [shm.Segment.create(4096, token=7, ranks=3) for _ in range(3)]
+    segments = [shm_segment.Segment.create(4096, token=7, ranks=3) for _ in range(3)]
     try:
         before = len(os.listdir("/proc/self/fd"))
-        peers = [shm.Segment.open_peer(os.getpid(), s.fd, 4096, token=7, ranks=3, native=native)
+        peers = [shm_segment.Segment.open_peer(os.getpid(), s.fd, 4096, token=7, ranks=3,
+                                               native=native)
                  for s in segments]
         held = len(os.listdir("/proc/self/fd")) - before
         expected = 0 if native is not None or sys.version_info >= (3, 13) else 3
@@ -277,7 +281,7 @@ def test_a_mapped_peer_segment_holds_no_descriptor_where_it_can(shm_path):
 
 
 def test_a_segment_is_sealed_against_resizing():
-    seg = shm.Segment.create(4096, token=1234)
+    seg = shm_segment.Segment.create(4096, token=1234)
     try:
         size = os.fstat(seg.fd).st_size
         for wrong in (size // 2, size * 2):
@@ -291,16 +295,17 @@ def test_a_segment_is_sealed_against_resizing():
 
 
 def test_an_unsealed_segment_is_not_mapped(shm_path):
-    size = shm.Segment.size_for(4096)
+    size = shm_segment.Segment.size_for(4096)
     fd = os.memfd_create("colls-tcp-shm", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size)
         with mmap.mmap(fd, size) as mm:  # a segment in every other respect
-            words = memoryview(mm)[: shm.CTRL_BYTES].cast("q")
+            words = memoryview(mm)[: shm_segment.CTRL_BYTES].cast("q")
             words[0], words[1] = 0x434F4C4C5353484D, 1234
             words.release()
         with pytest.raises(ValueError, match=r"segment of pid \d+ is not sealed against resizing"):
-            shm.Segment.open_peer(os.getpid(), fd, 4096, token=1234, native=shm_native.load())
+            shm_segment.Segment.open_peer(os.getpid(), fd, 4096, token=1234,
+                                          native=shm_native.load())
     finally:
         os.close(fd)
 
@@ -316,21 +321,21 @@ def test_one_sleep_reads_a_bounded_number_of_wake_ups(group):
             while True:
                 sender.sendto(b"\0", socket.MSG_DONTWAIT, address)
                 queued += 1
-    if queued <= shm.WAKE_DRAIN_MAX:
+    if queued <= shm_group.WAKE_DRAIN_MAX:
         pytest.skip(f"the kernel queues only {queued} datagrams (net.unix.max_dgram_qlen)")
     waiter._sleep(0.0)
     left = 0
     with contextlib.suppress(BlockingIOError):
         while waiter._wake_sock.recv(64):
             left += 1
-    assert left == queued - shm.WAKE_DRAIN_MAX
+    assert left == queued - shm_group.WAKE_DRAIN_MAX
 
 
-def _two_rank_group(timeout: float, peer_error=lambda r: None) -> tuple[shm.ShmGroup, list]:
+def _two_rank_group(timeout: float, peer_error=lambda r: None) -> tuple[shm_group.ShmGroup, list]:
     """Rank 0's view of two segments of this process, waiting as a separate process would
     (spin, then yield, then block); the test writes rank 1's words itself."""
-    segments = [shm.Segment.create(4096, token=7) for _ in range(2)]
-    group = shm.ShmGroup(0, segments, 4096, None, [None, None], same_process=False,
+    segments = [shm_segment.Segment.create(4096, token=7) for _ in range(2)]
+    group = shm_group.ShmGroup(0, segments, 4096, None, [None, None], same_process=False,
                          timeout=timeout, peer_error=peer_error)
     return group, segments
 
@@ -352,7 +357,7 @@ def test_a_waiter_that_spins_and_yields_still_times_out_or_reports_a_dead_peer(s
     try:
         with pytest.raises(ConnectionError, match="rank 1 died"):
             group.wait_all(1, "barrier (shm)")
-        segments[1].ctrl[shm._W_SEQ] = 1  # rank 1 posts its phase: the wait returns at once
+        segments[1].ctrl[shm_segment.W_SEQ] = 1  # rank 1 posts its phase: the wait returns at once
         group.wait_all(1, "barrier (shm)")
     finally:
         group.close()
@@ -373,8 +378,8 @@ def test_a_waiter_blocks_on_a_wake_socket_numbered_past_fd_setsize(shm_path):
     mine.close()
     wake = socket.socket(fileno=high)
     wake.setblocking(False)
-    segments = [shm.Segment.create(4096, token=7) for _ in range(2)]
-    group = shm.ShmGroup(0, segments, 4096, wake, [None, None], same_process=False,
+    segments = [shm_segment.Segment.create(4096, token=7) for _ in range(2)]
+    group = shm_group.ShmGroup(0, segments, 4096, wake, [None, None], same_process=False,
                          timeout=0.5, peer_error=lambda r: None)
     try:
         other.send(b"\0")  # a wake-up that ends one sleep early: read, then block again
@@ -395,17 +400,17 @@ def test_polling_starts_short_on_a_crowded_host_and_shrinks_after_blocking(
     than CROWDED_RANKS_PER_CORE, YIELD_SECONDS_CROWDED (the ranks it waits for may be working on
     the cores it would take). Waits that end blocked halve the budget down to the floor."""
     cores = 1 if crowded else 2  # the group has two ranks: 2 per core is not crowded
-    monkeypatch.setattr(shm, "available_cores", lambda: cores)
-    monkeypatch.setattr(shm, "CROWDED_RANKS_PER_CORE", 1)
+    monkeypatch.setattr(shm_group, "available_cores", lambda: cores)
+    monkeypatch.setattr(shm_group, "CROWDED_RANKS_PER_CORE", 1)
     group, segments = _two_rank_group(timeout=30.0)
-    floor = shm.YIELD_SECONDS_CROWDED if crowded else shm.YIELD_SECONDS_MIN
-    start = floor if crowded else shm.YIELD_SECONDS_MAX
+    floor = shm_group.YIELD_SECONDS_CROWDED if crowded else shm_group.YIELD_SECONDS_MIN
+    start = floor if crowded else shm_group.YIELD_SECONDS_MAX
     try:
         assert group._yield_budget == start
         budgets = []
         for phase in range(1, 4):  # rank 1 posts long after the budget: every wait blocks
             poster = threading.Timer(
-                start + 0.2, lambda p=phase: segments[1].ctrl.__setitem__(shm._W_SEQ, p))
+                start + 0.2, lambda p=phase: segments[1].ctrl.__setitem__(shm_segment.W_SEQ, p))
             poster.start()
             group.wait_all(phase, "barrier (shm)")
             poster.join()
@@ -424,7 +429,7 @@ def test_the_compiled_wait_yields_without_the_gil(shm_path):
     try:
         peer = segments[1].ctrl
         assert group.native.poll([1], 1, 0.0, 0.01) == 2  # nobody posted: the budget ends
-        poster = threading.Timer(0.05, lambda: peer.__setitem__(shm._W_SEQ, 1))
+        poster = threading.Timer(0.05, lambda: peer.__setitem__(shm_segment.W_SEQ, 1))
         poster.start()
         assert group.native.poll([1], 1, 0.0, 5.0) == 1  # reached while yielding
         poster.join()
@@ -436,11 +441,11 @@ def test_the_compiled_wait_yields_without_the_gil(shm_path):
         group.close()
 
 
-def _three_rank_group(rank: int) -> tuple[shm.ShmGroup, list[shm.Segment]]:
+def _three_rank_group(rank: int) -> tuple[shm_group.ShmGroup, list[shm_segment.Segment]]:
     """Host rank ``rank``'s view of three segments of this process, blocking at once (as ranks
     on threads do); the test writes the other ranks' words itself."""
-    segments = [shm.Segment.create(4096, token=7) for _ in range(3)]
-    group = shm.ShmGroup(rank, segments, 4096, None, [None] * 3, same_process=True,
+    segments = [shm_segment.Segment.create(4096, token=7) for _ in range(3)]
+    group = shm_group.ShmGroup(rank, segments, 4096, None, [None] * 3, same_process=True,
                          timeout=30.0, peer_error=lambda r: None)
     return group, segments
 
@@ -454,11 +459,11 @@ def test_a_post_wakes_only_the_sleepers_that_wait_for_the_poster(shm_path, monke
     monkeypatch.setattr(group, "_wake", woken.append)
     try:
         assert (group.native is not None) == shm_path
-        segments[0].ctrl[shm._W_SLEEP] = shm.SLEEPS_FOR + 1
-        segments[2].ctrl[shm._W_SLEEP] = shm.SLEEPS_FOR + 0
+        segments[0].ctrl[shm_segment.W_SLEEP] = shm_segment.SLEEPS_FOR + 1
+        segments[2].ctrl[shm_segment.W_SLEEP] = shm_segment.SLEEPS_FOR + 0
         group.post()
         assert woken == [0]
-        segments[0].ctrl[shm._W_SLEEP] = shm.AWAKE
+        segments[0].ctrl[shm_segment.W_SLEEP] = shm_segment.AWAKE
         group.post()
         assert woken == [0]
     finally:
@@ -474,7 +479,7 @@ def test_a_sleeper_waits_for_one_pending_rank_at_a_time(shm_path):
 
     def sleeps_for(rank: int) -> bool:
         deadline = time.monotonic() + 10
-        while sleep_word[shm._W_SLEEP] != shm.SLEEPS_FOR + rank:
+        while sleep_word[shm_segment.W_SLEEP] != shm_segment.SLEEPS_FOR + rank:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
@@ -484,13 +489,13 @@ def test_a_sleeper_waits_for_one_pending_rank_at_a_time(shm_path):
     try:
         waiter.start()
         assert sleeps_for(2)
-        segments[2].ctrl[shm._W_SEQ] = 1  # no wake-up sent: the sleeper's next look sees it
+        segments[2].ctrl[shm_segment.W_SEQ] = 1  # no wake-up sent: the sleeper's next look sees it
         assert sleeps_for(1)
-        segments[1].ctrl[shm._W_SEQ] = 1
+        segments[1].ctrl[shm_segment.W_SEQ] = 1
         waiter.join(10)
         assert not waiter.is_alive()
-        assert sleep_word[shm._W_SLEEP] == shm.AWAKE
+        assert sleep_word[shm_segment.W_SLEEP] == shm_segment.AWAKE
     finally:
-        segments[1].ctrl[shm._W_SEQ] = segments[2].ctrl[shm._W_SEQ] = 1
+        segments[1].ctrl[shm_segment.W_SEQ] = segments[2].ctrl[shm_segment.W_SEQ] = 1
         waiter.join(10)
         group.close()

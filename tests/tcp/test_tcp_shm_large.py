@@ -1,7 +1,7 @@
 """Large and strided point-to-point messages between ranks of one host.
 
 Messages of up to half the ring go through the ring as one entry; larger ones are read by the
-receiver straight from the sender's memory (colls_plugins.tcp.shm_remote) where it can, else
+receiver straight from the sender's memory (colls_plugins.tcp.shm.remote) where it can, else
 they take the socket; strided arrays are staged by the core. Real processes check the bytes
 across every size limit, interleaved sizes and tags, and strided views against NumPy; ranks on
 threads check the remote path's rules (acknowledgements, a sender that closes, sizes, the
@@ -20,10 +20,11 @@ from colls.errors import BackendError, NetworkError
 from colls.options import BackendOptions
 from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
-from colls_plugins.tcp import shm_remote, shm_setup
 from colls_plugins.tcp.backend import TcpBackend
-from colls_plugins.tcp.shm import LARGE_RINGS_MAX_RANKS, P2P_RING_BYTES, P2P_RING_BYTES_MANY
-from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
+from colls_plugins.tcp.shm import remote as shm_remote
+from colls_plugins.tcp.shm import setup as shm_setup
+from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
+from colls_plugins.tcp.shm.segment import LARGE_RINGS_MAX_RANKS, P2P_RING_BYTES, P2P_RING_BYTES_MANY
 
 pytestmark = pytest.mark.skipif(
     shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),

@@ -1,4 +1,4 @@
-"""Point-to-point between ranks of one host through shared memory (colls_plugins.tcp.shm_p2p).
+"""Point-to-point between ranks of one host through shared memory (colls_plugins.tcp.shm.p2p).
 
 Ranks on threads share one process (their rings are real shared memory all the same); the
 order and failure tests run real processes.
@@ -20,11 +20,12 @@ from colls.errors import BackendError, NetworkError
 from colls.options import BackendOptions
 from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
-from colls_plugins.tcp import shm_p2p, shm_setup
 from colls_plugins.tcp.backend import TcpBackend
 from colls_plugins.tcp.engine import MAX_UNEXPECTED_BYTES
-from colls_plugins.tcp.shm import P2P_RING_BYTES
-from colls_plugins.tcp.shm_p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
+from colls_plugins.tcp.shm import p2p as shm_p2p
+from colls_plugins.tcp.shm import setup as shm_setup
+from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
+from colls_plugins.tcp.shm.segment import P2P_RING_BYTES
 
 pytestmark = pytest.mark.skipif(
     shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),

@@ -1,6 +1,6 @@
 """Point-to-point messages larger than a ring entry: the receiver reads the sender's memory.
 
-A message to a host peer larger than :data:`~colls_plugins.tcp.shm_p2p.INLINE_MAX_BYTES` used to
+A message to a host peer larger than :data:`~colls_plugins.tcp.shm.p2p.INLINE_MAX_BYTES` used to
 leave shared memory for the pair's TCP connection, where a 32 KiB half round trip cost about
 100 us (a thread hand-off on each side) against MPICH's 8. It now goes as a *remote entry*:
 
@@ -31,7 +31,7 @@ may have been freed meanwhile, and fails that receive with a :class:`NetworkErro
 dies makes the read fail (``ESRCH``): the same error. A receiver that dies fails the sender's
 pending remote sends through the lost connection, as for socket sends.
 
-Words of a pair's control line (:data:`colls_plugins.tcp.shm.P2P_CTRL_BYTES`, eight int64), after
+Words of a pair's control line (:data:`~.segment.P2P_CTRL_BYTES`, eight int64), after
 ``[0]`` head and ``[1]`` consumed: ``[2]`` :data:`W_CAN_READ` (the owner can read the peer),
 ``[3]`` :data:`W_WITHDRAWN` (the owner withdrew its remote messages to the peer), ``[4..7]``
 :data:`W_ACK` (the owner's acknowledgements of the peer's tickets: ticket ``t`` writes ``t + 1``

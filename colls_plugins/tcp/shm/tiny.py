@@ -4,8 +4,8 @@ A solver's dot products are all_reduces of one float64; at that size a collectiv
 Python's, not the memory's, so this path does as little as it can:
 
 * no slot: the payload goes into one of the two tiny lines of the rank's control page, next to
-  its stamp (:class:`~colls_plugins.tcp.shm.ShmGroup`, "Tiny messages"), and is copied in with one
-  memoryview assignment;
+  its stamp (:class:`~colls_plugins.tcp.shm.group.ShmGroup`, "Tiny messages"), and is copied in
+  with one memoryview assignment;
 * one phase: post, wait for every peer's post, check their stamps, then every rank reduces all
   ranks' payloads itself in rank order (bitwise the same result everywhere);
 * the reduction folds the payloads element by element as Python numbers through memoryviews of
@@ -15,7 +15,7 @@ Python's, not the memory's, so this path does as little as it can:
   NumPy wraps) makes the store raise; that call, and every dtype or op without a fold
   (:data:`FOLDS`), combines with the op's NumPy kernel instead.
 
-With the compiled extension (:mod:`colls_plugins.tcp.shm_native`), one C call stamps the line,
+With the compiled extension (:mod:`colls_plugins.tcp.shm.native`), one C call stamps the line,
 copies the payload in and posts, and another checks the stamps and folds: the same rank-order
 fold in the element type (float32 in float32, integers wrapping as NumPy's do), so both paths
 give NumPy's bits.
@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from colls import dtypes
-from colls_plugins.tcp.shm import TINY_BYTES, ShmGroup
+from colls_plugins.tcp.shm.group import ShmGroup
+from colls_plugins.tcp.shm.segment import TINY_BYTES
 
 if TYPE_CHECKING:
     from colls.reduce_ops import ReduceSpec

@@ -1,7 +1,7 @@
 """The one place that decides whether the shared-memory hot loop runs compiled or in Python.
 
-``colls_plugins.tcp._shm_native`` is an optional C extension (``setup.py`` skips it when no
-compiler is there): it does :class:`~colls_plugins.tcp.shm.ShmGroup`'s phase posts and spin
+``colls_plugins.tcp.shm._native`` is an optional C extension (``setup.py`` skips it when no
+compiler is there): it does :class:`~colls_plugins.tcp.shm.group.ShmGroup`'s phase posts and spin
 waits and the tiny all_reduce's write and fold (docs/design.md, "A compiled piece for the
 shared-memory hot loop"). The pure-Python path does the same steps on the same memory, so it is
 the fallback, and ranks may run different paths in one group.
@@ -20,7 +20,7 @@ from colls import env
 INTERFACE = 6
 
 try:
-    from colls_plugins.tcp import _shm_native
+    from colls_plugins.tcp.shm import _native as _shm_native
 except ImportError:  # not built (no compiler at install time) or built for another Python
     _shm_native = None
 else:

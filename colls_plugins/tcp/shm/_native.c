@@ -13,7 +13,7 @@
  *   rings      write one point-to-point ring entry and publish it (Sync.ring_put), take the next
  *              entry of a peer's ring into a receive buffer (Sync.ring_take), spin until a
  *              peer's ring has an entry (Sync.ring_wait): the steps of
- *              colls_plugins/tcp/shm_p2p.py's Channel, whose Python code stays the fallback;
+ *              colls_plugins/tcp/shm/p2p.py's Channel, whose Python code stays the fallback;
  *   mapping    map a peer's segment read-only without keeping its descriptor (map_read_only):
  *              CPython's mmap keeps a duplicate of it before Python 3.13, one per host peer.
  *
@@ -774,7 +774,7 @@ PyDoc_STRVAR(Sync_doc,
 
 static PyTypeObject SyncType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "colls_plugins.tcp._shm_native.Sync",
+    .tp_name = "colls_plugins.tcp.shm._native.Sync",
     .tp_basicsize = sizeof(SyncObject),
     .tp_dealloc = (destructor)Sync_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -861,7 +861,7 @@ static PySequenceMethods Mapping_as_sequence = {
 
 static PyTypeObject MappingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "colls_plugins.tcp._shm_native.Mapping",
+    .tp_name = "colls_plugins.tcp.shm._native.Mapping",
     .tp_basicsize = sizeof(MappingObject),
     .tp_dealloc = (destructor)Mapping_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -922,13 +922,13 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "colls_plugins.tcp._shm_native",
+    .m_name = "colls_plugins.tcp.shm._native",
     .m_doc = "The compiled hot loop of the tcp backend's shared memory (optional).",
     .m_size = -1,
     .m_methods = module_methods,
 };
 
-PyMODINIT_FUNC PyInit__shm_native(void) {
+PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&SyncType) < 0 || PyType_Ready(&MappingType) < 0) {
         return NULL;
     }
@@ -936,7 +936,7 @@ PyMODINIT_FUNC PyInit__shm_native(void) {
     if (m == NULL) {
         return NULL;
     }
-    /* colls_plugins/tcp/shm_native.py refuses a build whose interface is not the one it
+    /* colls_plugins/tcp/shm/native.py refuses a build whose interface is not the one it
      * expects (an editable install whose .so predates a change to this file). */
     if (PyModule_AddIntConstant(m, "INTERFACE", 6) < 0) {
         Py_DECREF(m);

@@ -1,10 +1,10 @@
 """One host's shared memory as the local level of the two-level collectives.
 
-:mod:`colls.algorithms.hierarchical` runs each two-level collective as a local step among the
-ranks of a host, a step between hosts and another local step. When the ranks of this host share
-memory (:mod:`colls_plugins.tcp.shm_setup` built a :class:`~colls_plugins.tcp.shm.ShmGroup` over
+:mod:`colls.algorithms.hierarchical` runs each two-level collective as a local step among the ranks
+of a host, a step between hosts and another local step. When the ranks of this host share memory
+(:mod:`colls_plugins.tcp.shm.setup` built a :class:`~colls_plugins.tcp.shm.group.ShmGroup` over
 them, numbered ``0..L-1``), the local steps are the shared-memory collectives of
-:mod:`colls_plugins.tcp.shm_collectives`; this adapter gives them the
+:mod:`colls_plugins.tcp.shm.collectives`; this adapter gives them the
 :class:`~colls.algorithms.hierarchical.Level` interface.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from colls_plugins.tcp import shm_collectives
+from colls_plugins.tcp.shm import collectives as shm_collectives
 
 if TYPE_CHECKING:
     from colls.reduce_ops import ReduceSpec
-    from colls_plugins.tcp.shm import ShmGroup
+    from colls_plugins.tcp.shm.group import ShmGroup
 
 
 class ShmLevel:

@@ -1,13 +1,13 @@
 """Collectives through shared memory, for tcp groups whose ranks all share one host.
 
-Each rank owns one segment of :mod:`colls_plugins.tcp.shm` with ``SLOTS`` slots; peers read it,
-only its owner writes it. A collective walks its buffer in *pieces* that fit a slot, and each
+Each rank owns one segment of :mod:`~colls_plugins.tcp.shm.segment` with ``SLOTS`` slots; peers read
+it, only its owner writes it. A collective walks its buffer in *pieces* that fit a slot, and each
 piece is a few *phases*: write into the own slot, post, wait for the peers' posts, read theirs.
 Reductions read the peers' slots and write the destination directly with in-place ufuncs, so data
 is copied into shared memory once and out once, with no socket and no progress thread involved.
 
 * all_reduce, tiny (``<= shm.TINY_BYTES``): one phase through the control page, reduced without
-  a NumPy call per peer (:mod:`colls_plugins.tcp.shm_tiny`).
+  a NumPy call per peer (:mod:`colls_plugins.tcp.shm.tiny`).
 * all_reduce, small (``<= FLAT_MAX_BYTES``): one phase. Every rank copies its piece into its slot;
   after the wait every rank computes ``s0 op s1 op ... op s(n-1)`` in rank order itself, so all
   ranks get bitwise identical results without a second phase.
@@ -23,10 +23,10 @@ is copied into shared memory once and out once, with no socket and no progress t
 * barrier: one phase, no data.
 
 Every rank posts the same number of times per piece, which is what the phase numbers of
-:class:`~colls_plugins.tcp.shm.ShmGroup` rely on. Each piece (and each barrier) is stamped with the
-collective's tag: its sequence number and the signature of the whole call (operation, dtype,
-agreed element count, root, reduce op; :mod:`colls.fingerprint`). A rank checks the stamps of the
-peers it reads before it reads them, so ranks whose calls differ in any of those get the
+:class:`~colls_plugins.tcp.shm.group.ShmGroup` rely on. Each piece (and each barrier) is stamped
+with the collective's tag: its sequence number and the signature of the whole call (operation,
+dtype, agreed element count, root, reduce op; :mod:`colls.fingerprint`). A rank checks the stamps of
+the peers it reads before it reads them, so ranks whose calls differ in any of those get the
 BackendError the socket path raises, never a result built from another call's bytes.
 """
 
@@ -35,8 +35,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from colls.algorithms._p2p import chunk_bounds, segments
-from colls_plugins.tcp import shm_tiny
-from colls_plugins.tcp.shm import ShmGroup
+from colls_plugins.tcp.shm import tiny as shm_tiny
+from colls_plugins.tcp.shm.group import ShmGroup
 
 if TYPE_CHECKING:
     from colls.reduce_ops import ReduceSpec

@@ -8,9 +8,9 @@ store follow:
    one :class:`~colls.algorithms.hosts.HostMap` that every rank reads once. That is O(N)
    store requests for the group, and every rank holds the same map, so every rank chooses the
    same algorithms (:func:`colls.algorithms.select.choose_levels`). A subgroup of a tcp world
-   skips it: its map is the world's, restricted to its ranks (:mod:`._world_hosts`).
+   skips it: its map is the world's, restricted to its ranks (:mod:`.._world_hosts`).
 2. **Shared memory among the ranks of each host**: each rank publishes its pid, the memfd of its
-   :class:`~colls_plugins.tcp.shm.Segment` and the name of its wake-up socket, maps its host
+   :class:`~colls_plugins.tcp.shm.segment.Segment` and the name of its wake-up socket, maps its host
    peers' segments read-only through ``/proc/<pid>/fd/<fd>`` (checking the token stamped in
    them) and publishes whether that worked. A host uses shared memory only when every one of
    its ranks succeeded; otherwise its ranks meet through TCP. A host with one rank has none. A
@@ -44,8 +44,10 @@ from colls import env
 from colls.algorithms.hosts import HostMap
 from colls.errors import CollsTimeoutError, StoreTimeoutError
 from colls.lifecycle import WORLD_GROUP_NAME
-from colls_plugins.tcp import _world_hosts, shm_native
-from colls_plugins.tcp.shm import MIN_SLOT_BYTES, SLOT_ALIGN, Segment, ShmGroup
+from colls_plugins.tcp import _world_hosts
+from colls_plugins.tcp.shm import native as shm_native
+from colls_plugins.tcp.shm.group import ShmGroup
+from colls_plugins.tcp.shm.segment import MIN_SLOT_BYTES, SLOT_ALIGN, Segment
 
 if TYPE_CHECKING:
     from colls.store.base import Store
@@ -176,8 +178,8 @@ def derived_hosts(group: str, world_size: int, global_ranks: Sequence[int], stor
     """Return the host map of a subgroup of a live tcp world, derived from the world's.
 
     None for the world group itself, a group of one, or a group whose world keeps no map
-    (:mod:`._world_hosts`): those exchange theirs in :func:`setup`. Every member of a group
-    gets the same answer, so they all take the same path.
+    (:mod:`colls_plugins.tcp._world_hosts`): those exchange theirs in :func:`setup`. Every member
+    of a group gets the same answer, so they all take the same path.
     """
     if world_size < 2 or _is_world(group, world_size, global_ranks):
         return None

@@ -1,8 +1,8 @@
 """Point-to-point between the ranks of one host through their shared memory.
 
 Every ordered pair of host ranks (p, q) has a ring in p's segment (pair area q, see
-:mod:`colls_plugins.tcp.shm`): p alone writes it and advances its ``head`` word; q reads it and
-advances the ``consumed`` word of its own pair area p. One writer and one reader per word, no
+:mod:`colls_plugins.tcp.shm.segment`): p alone writes it and advances its ``head`` word; q reads
+it and advances the ``consumed`` word of its own pair area p. One writer and one reader per word, no
 locks: a single-producer single-consumer channel on x86-64's total store order (the sender's
 entry is visible before the head that covers it; the reader's loads of an entry happen before its
 store of ``consumed``, so the sender never overwrites an entry being read).
@@ -11,7 +11,7 @@ store of ``consumed``, so the sender never overwrites an entry being read).
 ring has room: one entry, a 24-byte header (tag, size, ``sockets_before``) and the payload, so
 an 8-byte message and its header share one cache line. A larger one goes as a *remote entry*
 where the receiver can read the sender's memory: the entry names the array, and the receiver
-copies it from there straight into its receive buffer (:mod:`colls_plugins.tcp.shm_remote`).
+copies it from there straight into its receive buffer (:mod:`colls_plugins.tcp.shm.remote`).
 Anything else (the ring is full because the receiver is behind, no remote read) goes over the
 pair's TCP connection as before. A send through the ring is complete once written, so a sender
 never waits for the receiver; a remote one once the receiver has read it.
@@ -40,7 +40,7 @@ they must (a receive for that rank is posted, or a socket message behind them ar
 the unexpected bytes stay under the engine's :data:`~colls_plugins.tcp.engine.MAX_UNEXPECTED_BYTES`.
 
 **Progress.** Whoever looks first moves entries: a thread posting a receive, a thread waiting for
-one (:class:`PollingFuture`: as the collectives' waits of :mod:`~colls_plugins.tcp.shm`, it
+one (:class:`PollingFuture`: as the collectives' waits of :mod:`~colls_plugins.tcp.shm.group`, it
 spins on the rings briefly when every rank has a core, then polls them with ``sched_yield``,
 then blocks until a writer wakes it), the backend's ``poll`` hook, and the progress thread,
 which looks every :data:`TICK_SECONDS` while a receive is posted (and a little longer:
@@ -61,11 +61,12 @@ from typing import Any
 import numpy as np
 
 from colls.completion import Completion
-from colls_plugins.tcp import shm_remote
-from colls_plugins.tcp.shm import P2P_RING_BYTES, SEGMENT_MAGIC, ShmGroup
+from colls_plugins.tcp.shm import remote as shm_remote
+from colls_plugins.tcp.shm.group import ShmGroup
+from colls_plugins.tcp.shm.segment import P2P_RING_BYTES, SEGMENT_MAGIC
 
 #: Largest message that goes through the ring (half of it: one such message and small ones), on
-#: a host of at most LARGE_RINGS_MAX_RANKS ranks (:func:`colls_plugins.tcp.shm.p2p_ring_bytes`;
+#: a host of at most LARGE_RINGS_MAX_RANKS ranks (:func:`~.segment.p2p_ring_bytes`;
 #: a channel's own limit is :attr:`Channel.inline_max`).
 INLINE_MAX_BYTES = P2P_RING_BYTES // 2
 #: Placement: an entry of at most SMALL_BYTES of payload stays within the first SMALL_SPAN bytes
