@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from colls.errors import BackendError
+from colls.errors import BackendError, CollsError, NetworkError
 from colls_plugins.tcp._frames import ACCEPT, DECLINE, Hello
 from colls_plugins.tcp._peer import Peer
 from colls_plugins.tcp.connections import Connection, Mesh, peer_name
@@ -78,6 +78,35 @@ class Links:
             self._cond.notify_all()
 
     # -- the dialling side (caller threads) ---------------------------------------------------
+    def join(self, *, ring: bool = True) -> None:
+        """Publish this rank's address and connect to its two ring neighbours (blocking).
+
+        Every other connection opens when first needed. The ring is opened at once because a
+        rank that dies must be seen by someone: its neighbours see its connections drop and
+        break the group (colls.health), which every other rank then learns from the store. It
+        also makes group creation fail, naming the rank, when a neighbour never comes. Rank
+        ``r`` dials ``r - 1`` and waits for ``r + 1`` (modulo the size); of two ranks, rank 1
+        dials and rank 0 waits, so each pair is opened from one side. ``ring=False`` (every
+        member of the group alike) only publishes: a subgroup of a tcp world, whose ring
+        already watches every rank.
+
+        Raises:
+            CollsTimeoutError: a neighbour did not publish, connect or answer within the group
+                timeout (named).
+            NetworkError / BackendError: a connection failed or was refused.
+        """
+        mesh = self.mesh
+        if mesh is None or mesh.world_size == 1:
+            return
+        deadline = time.monotonic() + self.timeout
+        mesh.publish()
+        if not ring:
+            return
+        n = mesh.world_size
+        if self.rank > 0 or n > 2:
+            self.connect((self.rank - 1) % n, deadline)
+        self.wait_for((self.rank + 1) % n, deadline)
+
     def connect(self, rank: int, deadline: float | None = None) -> Peer:
         """Return the connection to ``rank``, dialling it first when there is none.
 
@@ -116,6 +145,31 @@ class Links:
             while (peer := self._ready(rank)) is None:  # declined: the peer's one is coming
                 self._wait(rank, deadline)
             return peer
+
+    def dial_for_send(self, rank: int,
+                      on_lost: Callable[[int, BaseException], None] | None) -> Peer:
+        """Return the connection to ``rank`` for a send, dialling it first; a failure to reach
+        it breaks the group: ``on_lost(rank, error)`` (colls.health's listener) hears of it.
+
+        Raises:
+            BackendError: the group is closed or broken.
+            NetworkError: ``rank`` never published, accepted or answered (names it).
+        """
+        refusal = self._abandon()
+        if refusal is not None:
+            raise refusal
+        try:
+            return self.connect(rank)
+        except CollsError as exc:
+            if self._abandon() is not None:
+                raise
+            # A NetworkError, not the CollsTimeoutError itself: Work.wait() takes a
+            # TimeoutError raised by its future for its own timeout.
+            error = NetworkError(f"tcp: rank {self.rank} cannot reach rank {rank}: {exc}")
+            error.__cause__ = exc
+            if on_lost is not None:
+                on_lost(rank, error)
+            raise error from exc
 
     def wait_for(self, rank: int, deadline: float) -> Peer:
         """Return the connection to ``rank`` once either side has opened it.

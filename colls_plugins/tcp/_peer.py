@@ -88,3 +88,45 @@ def gather(queue: deque[SendOp]) -> list[memoryview]:
         if len(iov) >= MAX_IOV:
             break
     return iov[:MAX_IOV]
+
+
+def queue_frame(peer: Peer, tag: int, field: int) -> bool:
+    """Queue a header-only control frame to ``peer`` (any thread); False: the peer is gone.
+
+    The caller has it sent: by the progress thread (``Poller.request_write``), or at once when
+    it is the progress thread.
+    """
+    with peer.send_lock:
+        if peer.dead is not None:
+            return False
+        peer.send_queue.append(SendOp(Work(), deque([memoryview(HEADER.pack(tag, field))]), None))
+    return True
+
+
+def write_queue(peer: Peer, flags: int) -> tuple[list[SendOp], OSError | None]:
+    """Write as much of ``peer``'s send queue as the kernel takes (``send_lock`` held).
+
+    Returns the sends written whole (their Works are to complete) and the error that broke
+    the connection, or None (the queue may still hold what the kernel did not take).
+    """
+    finished: list[SendOp] = []
+    try:
+        while peer.send_queue:
+            iov = gather(peer.send_queue)
+            offered = sum(map(len, iov))
+            sent = peer.sock.sendmsg(iov, (), flags)
+            partial = sent < offered
+            while peer.send_queue:
+                head = peer.send_queue[0]
+                head.started = head.started or sent > 0
+                sent = consume(head.buffers, sent)
+                if head.buffers:
+                    break
+                finished.append(peer.send_queue.popleft())
+            if partial:
+                break  # the kernel buffer is full: wait for writability
+    except BlockingIOError:
+        pass
+    except OSError as exc:
+        return finished, exc
+    return finished, None

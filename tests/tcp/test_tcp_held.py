@@ -16,7 +16,7 @@ from tcp_helpers import WAIT, settle, unexpected_bytes, wait_until
 
 from colls.errors import BackendError
 from colls.fingerprint import collective_tag
-from colls_plugins.tcp.engine import HOLD_MIN_BYTES
+from colls_plugins.tcp._holds import HOLD_MIN_BYTES
 
 #: Much more than the kernel's socket buffers hold, so an unread body stalls the sender.
 BIG_BYTES = 64 << 20

@@ -17,8 +17,10 @@ from tcp_helpers import WAIT, settle, unexpected_bytes, wait_until
 
 from colls.errors import NetworkError
 from colls_plugins.tcp._frames import HEADER
+from colls_plugins.tcp._holds import HOLD_MIN_BYTES
+from colls_plugins.tcp._matching import MAX_UNEXPECTED_BYTES
 from colls_plugins.tcp.connections import Connection
-from colls_plugins.tcp.engine import HOLD_MIN_BYTES, MAX_UNEXPECTED_BYTES, Engine
+from colls_plugins.tcp.engine import Engine
 
 #: A message size below the hold threshold: such messages are buffered while there is room.
 SMALL = HOLD_MIN_BYTES // 2

@@ -20,8 +20,8 @@ from colls.errors import BackendError, NetworkError
 from colls.options import BackendOptions
 from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
+from colls_plugins.tcp._matching import MAX_UNEXPECTED_BYTES
 from colls_plugins.tcp.backend import TcpBackend
-from colls_plugins.tcp.engine import MAX_UNEXPECTED_BYTES
 from colls_plugins.tcp.shm import p2p as shm_p2p
 from colls_plugins.tcp.shm import setup as shm_setup
 from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
@@ -83,7 +83,7 @@ def test_a_stream_of_every_size_arrives_in_send_order_across_ring_and_socket():
 @pytest.mark.timeout(60)
 def test_small_messages_go_through_the_ring_and_complete_without_wait(hosts):
     a, b = hosts([0, 0])
-    assert a.uses_shm and a._engine._host_peers == {1}
+    assert a.uses_shm and a._engine._hosts.ranks == {1}
     out = np.zeros(3, np.float64)
     work = b.irecv(out, 0, 9)
     send = a.isend(np.array([1.5, 2.5, -3.0]), 1, 9)
@@ -141,7 +141,7 @@ def test_ring_entries_nobody_receives_stay_bounded(hosts):
 def test_any_source_sees_host_peers_and_socket_peers_in_posting_order(hosts):
     backends = hosts([0, 0, 1])  # ranks 0 and 1 share memory, rank 2 is on another host
     r0, r1, r2 = backends
-    assert r0._engine._host_peers == {1} and not r2.uses_shm
+    assert r0._engine._hosts.ranks == {1} and not r2.uses_shm
     small, large, other = np.zeros(2, np.int64), np.zeros(INLINE_MAX_BYTES, np.uint8), np.zeros(
         2, np.int64)
     w_small = r0.irecv(small, None, 6)
@@ -190,7 +190,7 @@ def test_a_size_mismatch_fails_the_receive_naming_both_sizes_and_the_stream_goes
 def test_colls_shm_0_keeps_point_to_point_on_sockets(hosts, monkeypatch):
     monkeypatch.setenv("COLLS_SHM", "0")
     a, b = hosts([0, 0])
-    assert not a.uses_shm and a._engine._host_peers == frozenset()
+    assert not a.uses_shm and a._engine._hosts.ranks == frozenset()
     out = np.zeros(2, np.int64)
     work = b.irecv(out, 0, 1)
     a.isend(np.array([7, 8]), 1, 1).wait(WAIT)
