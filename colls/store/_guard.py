@@ -1,7 +1,8 @@
 """The store server's guard: half-open connection timeouts and token authentication.
 
-Mixed into :class:`~colls.store.tcp_server.StoreServer` (kept apart so the event loop stays
-readable). Everything runs on the server's loop thread.
+A :class:`Guard` is composed into :class:`~colls.store.tcp_server.StoreServer` (kept apart so the
+event loop stays readable); the server hands it the containers it shares with it and the two
+calls it answers through. Everything runs on the server's loop thread.
 
 * Half-open: a connection must send its first complete frame (with a token: finish AUTH /
   AUTH_PROOF) within ``handshake_timeout`` seconds of being accepted, and a frame it starts must be
@@ -15,72 +16,84 @@ readable). Everything runs on the server's loop thread.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
 
 from colls import auth
 from colls.store import _wire
+from colls.store._commands import expect
+from colls.store._connection import Connection, Drop, Reply
 from colls.store._wire import Command, ProtocolError, Status
-
-if TYPE_CHECKING:
-    from colls.store.tcp_server import _Connection
 
 logger = logging.getLogger("colls.store")
 
 
-class GuardMixin:
-    """Half-open timeouts and authentication (see the module docstring)."""
+class Guard:
+    """Half-open timeouts and authentication of one server's connections (module docstring).
 
-    _token: bytes | None
-    _handshake_s: float
-    _half_open: list[tuple[float, int, _Connection]]
-    _unestablished: dict[_Connection, None]
-    _sequence: Any
-    address: str
+    Args:
+        address: the server's ``host:port``, for logs.
+        token: the shared secret clients must prove they know, or None.
+        handshake_s: seconds a connection has to establish itself or finish a frame.
+        half_open: the heap of ``(deadline, sequence, connection)`` the guard keeps; the
+            server reads its head to know how long it may sleep.
+        unestablished: the connections not established yet, oldest first; the server caps
+            them when it accepts one and forgets one it drops.
+        reply: the server's reply. drop: the server's drop.
+    """
 
-    def _reply(self, conn: _Connection, status: Status, fields: list[bytes]) -> None:
-        raise NotImplementedError
-
-    def _drop(self, conn: _Connection, reason: str | None) -> None:
-        raise NotImplementedError
-
-    @staticmethod
-    def _expect(fields: list[bytes], count: int, command: str) -> None:
-        raise NotImplementedError
+    def __init__(self, address: str, token: bytes | None, handshake_s: float,
+                 half_open: list[tuple[float, int, Connection]],
+                 unestablished: dict[Connection, None], reply: Reply, drop: Drop) -> None:
+        self.token = token
+        self.handshake_s = handshake_s
+        self._address = address
+        self._half_open = half_open
+        self._unestablished = unestablished
+        self._reply = reply
+        self._drop = drop
+        self._sequence = itertools.count()
 
     # ------------------------------------------------------------------------ half-open
-    def _arm(self, conn: _Connection) -> None:
+    def arm(self, conn: Connection) -> None:
         """Give ``conn`` handshake_timeout seconds to establish itself or finish its frame."""
-        conn.deadline = time.monotonic() + self._handshake_s
+        conn.deadline = time.monotonic() + self.handshake_s
         heapq.heappush(self._half_open, (conn.deadline, next(self._sequence), conn))
 
-    def _rearm(self, conn: _Connection) -> None:
+    def rearm(self, conn: Connection) -> None:
         """After its input was processed: clear the deadline, or start one for a frame left
         half-sent (not while its requests are paused: then the server is the one waiting)."""
         if conn.closed or not conn.established:
             return  # the accept-time deadline stays
         if not conn.paused and conn.reader.has_partial():
             if conn.deadline is None:
-                self._arm(conn)
+                self.arm(conn)
         else:
             conn.deadline = None
 
-    def _expire_half_open(self) -> None:
+    def expire(self) -> None:
+        """Drop the connections whose handshake or half-sent frame ran out of time."""
         now = time.monotonic()
         while self._half_open and self._half_open[0][0] <= now:
             _, _, conn = heapq.heappop(self._half_open)
             if conn.closed or conn.deadline is None or conn.deadline > now:
                 continue
-            what = "authenticate" if self._token and not conn.established else "send a frame"
+            what = "authenticate" if self.token and not conn.established else "send a frame"
             self._drop(
-                conn, f"half-open: did not {what} within {self._handshake_s:.1f} s"
+                conn, f"half-open: did not {what} within {self.handshake_s:.1f} s"
             )
 
+    def next_deadline(self) -> float | None:
+        """Return the earliest live half-open deadline, or None (stale entries go)."""
+        while self._half_open and self._half_open[0][2].deadline is None:
+            heapq.heappop(self._half_open)
+        return self._half_open[0][0] if self._half_open else None
+
     # -------------------------------------------------------------------------- auth
-    def _admit(self, conn: _Connection, command: int) -> bool:
+    def admit(self, conn: Connection, command: int) -> bool:
         """Let the first frames of a connection through, or refuse it; True to go on."""
-        if self._token is None:
+        if self.token is None:
             if command in (Command.AUTH, Command.AUTH_PROOF):
                 self._refuse(conn, "this TCPStore has no auth token but the client sent one; "
                              "set the same COLLS_AUTH_TOKEN on every rank (or on none)")
@@ -93,43 +106,40 @@ class GuardMixin:
                      "that know its COLLS_AUTH_TOKEN")
         return False
 
-    def _establish(self, conn: _Connection) -> None:
+    def _establish(self, conn: Connection) -> None:
         """Mark ``conn`` established: no handshake deadline, no longer counted against the cap."""
         conn.established = True
         conn.deadline = None
         self._unestablished.pop(conn, None)
 
-    def _refuse(self, conn: _Connection, message: str) -> None:
+    def _refuse(self, conn: Connection, message: str) -> None:
         logger.warning("TCPStore %s: refused connection from %s: %s",
-                       self.address, conn.peer, message)
+                       self._address, conn.peer, message)
         self._reply(conn, Status.ERROR, [message.encode("utf-8")])
         self._drop(conn, None)
 
-    def _cmd_ping(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 0, "PING")
-        self._reply(conn, Status.OK, [])
-
-    def _cmd_auth(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 1, "AUTH")
-        if self._token is None or conn.server_nonce:
+    def on_auth(self, conn: Connection, fields: list[bytes]) -> None:
+        """AUTH: answer the client's nonce with this server's nonce and proof."""
+        expect(fields, 1, "AUTH")
+        if self.token is None or conn.server_nonce:
             raise ProtocolError("unexpected AUTH")
         if len(fields[0]) != auth.NONCE_BYTES:
             raise ProtocolError(f"AUTH nonce must be {auth.NONCE_BYTES} bytes")
         conn.client_nonce, conn.server_nonce = fields[0], auth.new_nonce()
         server_proof = auth.proof(
-            self._token, auth.STORE_SERVER, conn.client_nonce, conn.server_nonce
+            self.token, auth.STORE_SERVER, conn.client_nonce, conn.server_nonce
         )
         self._reply(conn, Status.OK, [conn.server_nonce, server_proof])
 
-    def _cmd_auth_proof(self, conn: _Connection, fields: list[bytes]) -> None:
-        self._expect(fields, 1, "AUTH_PROOF")
-        if self._token is None or not conn.server_nonce:
+    def on_auth_proof(self, conn: Connection, fields: list[bytes]) -> None:
+        """AUTH_PROOF: check the client's proof; establish the connection or refuse it."""
+        expect(fields, 1, "AUTH_PROOF")
+        if self.token is None or not conn.server_nonce:
             raise ProtocolError("AUTH_PROOF before AUTH")
-        if not auth.verify(self._token, auth.STORE_CLIENT, conn.server_nonce,
+        if not auth.verify(self.token, auth.STORE_CLIENT, conn.server_nonce,
                            conn.client_nonce, fields[0]):
             self._refuse(conn, "authentication failed: wrong COLLS_AUTH_TOKEN")
             return
         self._establish(conn)
         conn.reader.limit = _wire.MAX_PAYLOAD_BYTES
         self._reply(conn, Status.OK, [])
-

@@ -21,9 +21,9 @@ closed. A server bound to an address other hosts can reach, without a token, war
 A hostile or broken client cannot make the server hold unbounded memory or spin:
 
 * Back-pressure: while a connection's requests are paused, because one is parked or because its
-  unsent replies exceed :data:`MAX_UNSENT_REPLY_BYTES` (a client that pipelines requests and never
-  reads), the server parses nothing more from it and reads on only up to
-  :data:`MAX_PAUSED_INPUT_BYTES`; the kernel's buffers then push back on the client. Reading
+  unsent replies exceed :data:`~colls.store._connection.MAX_UNSENT_REPLY_BYTES` (a client that
+  pipelines requests and never reads), the server parses nothing more from it and reads on only up
+  to :data:`MAX_PAUSED_INPUT_BYTES`; the kernel's buffers then push back on the client. Reading
   resumes when the request is answered or the replies drain, and a frame left half-sent then gets
   the half-open deadline again.
 * Connections that have not established themselves (authenticated, or without a token sent a
@@ -43,15 +43,14 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from colls import auth, env
 from colls.errors import StoreError
 from colls.sockets import enable_keepalive
 from colls.store import _wire
-from colls.store._commands import CommandsMixin
-from colls.store._guard import GuardMixin
+from colls.store._commands import Commands
+from colls.store._connection import Connection, Handler, Waiter
+from colls.store._guard import Guard
 from colls.store._listener import (
     ACCEPT_BATCH,
     LISTEN_BACKLOG,
@@ -71,11 +70,6 @@ STOP_JOIN_TIMEOUT_S = 10.0
 #: which select() cannot take (OverflowError: the loop crashed on it, found by fuzzing); a
 #: deadline further out is simply checked again after this long.
 MAX_SELECT_WAIT_S = 3600.0
-#: Unsent reply bytes of one connection past which its requests are no longer read. An honest
-#: client has one request in flight; one that pipelines GETs of a large value without reading
-#: the replies would otherwise make the server copy the value once per request (40 GETs of an
-#: 8 MiB value: 320 MiB). A few MiB keeps replies streaming at full speed.
-MAX_UNSENT_REPLY_BYTES = 4 << 20
 #: Input buffered from a connection whose requests are paused, past which the server stops
 #: reading it: the client cannot make it hold more bytes it will not parse yet. Below it the
 #: server keeps reading, so a client that hangs up while parked is still noticed.
@@ -86,45 +80,8 @@ MAX_PAUSED_INPUT_BYTES = 1 << 20
 #: only because those leave the count within milliseconds.
 MAX_UNESTABLISHED_CONNECTIONS = 1024
 
-@dataclass(eq=False)
-class _Waiter:
-    """A parked GET / WAIT / MULTI_GET request."""
 
-    conn: _Connection
-    command: int
-    keys: list[bytes]
-    missing: set[bytes]
-    deadline: float | None
-    done: bool = False
-
-
-@dataclass(eq=False)
-class _Connection:
-    """One client connection: its socket, unparsed input, pending output and parked request."""
-
-    sock: socket.socket
-    peer: str
-    reader: _wire.FrameReader = field(default_factory=_wire.FrameReader)
-    outbox: collections.deque[memoryview] = field(default_factory=collections.deque)
-    outbox_bytes: int = 0
-    events: int = 0  # selector events registered (0: not registered)
-    parked: _Waiter | None = None
-    closed: bool = False
-    established: bool = False  # authenticated, or (without a token) sent a complete frame
-    deadline: float | None = None  # when a half-open connection is dropped
-    client_nonce: bytes = b""
-    server_nonce: bytes = b""
-
-    @property
-    def paused(self) -> bool:
-        """Whether its requests wait for the server (a parked one, or replies to drain)."""
-        return self.parked is not None or self.outbox_bytes > MAX_UNSENT_REPLY_BYTES
-
-
-Handler = Callable[[_Connection, list[bytes]], None]
-
-
-class StoreServer(CommandsMixin, GuardMixin):
+class StoreServer:
     """The key-value server of a master TCPStore; see the module docstring.
 
     Args:
@@ -143,49 +100,41 @@ class StoreServer(CommandsMixin, GuardMixin):
         if not isinstance(max_unestablished, int) or max_unestablished < 1:
             raise ValueError(f"StoreServer: max_unestablished must be a positive int, got "
                              f"{max_unestablished!r}")
-        self._token = auth_token
-        self._handshake_s = (
+        handshake_s = (
             float(env.get("COLLS_HANDSHAKE_TIMEOUT")) if handshake_timeout is None
             else handshake_timeout
         )
-        self._half_open: list[tuple[float, int, _Connection]] = []
+        self._half_open: list[tuple[float, int, Connection]] = []  # the guard's heap
         self._max_unestablished = max_unestablished
-        self._unestablished: dict[_Connection, None] = {}  # oldest first
-        self._connections: set[_Connection] = set()
+        self._unestablished: dict[Connection, None] = {}  # oldest first
+        self._connections: set[Connection] = set()
         self._selector = selectors.DefaultSelector()
         self._listener = Listener(host, port, self._selector, self._accept)
         self.host = host
         self.port: int = self._listener.sock.getsockname()[1]
         auth.warn_if_exposed("TCPStore", self._listener.sock.getsockname()[0], self.port,
                              auth_token)
+        self._guard = Guard(self.address, auth_token, handshake_s, self._half_open,
+                            self._unestablished, self._reply, self._drop)
         self._data: dict[bytes, bytes] = {}
-        self._waiting: dict[bytes, set[_Waiter]] = {}
-        self._deadlines: list[tuple[float, int, _Waiter]] = []
+        self._waiting: dict[bytes, set[Waiter]] = {}
+        self._deadlines: list[tuple[float, int, Waiter]] = []
         self._sequence = itertools.count()
         #: Requests served, per command name (SET, GET, ...): how much traffic a job's
         #: rendezvous and setup cost (benchmarks/bench_scale.py reads it on the master).
         self.request_counts: collections.Counter[str] = collections.Counter()
-        self._ready: collections.deque[_Connection] = collections.deque()
+        self._ready: collections.deque[Connection] = collections.deque()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        commands = Commands(self._data, self.request_counts, self._reply, self._store,
+                            self._park_or_answer)
+        #: The handler of each command byte: the data commands and the guard's handshake.
         self.handlers: dict[int, Handler] = {
-            Command.SET: self._cmd_set,
-            Command.GET: self._cmd_get,
-            Command.ADD: self._cmd_add,
-            Command.COMPARE_SET: self._cmd_compare_set,
-            Command.WAIT: self._cmd_wait,
-            Command.CHECK: self._cmd_check,
-            Command.DELETE_KEY: self._cmd_delete_key,
-            Command.NUM_KEYS: self._cmd_num_keys,
-            Command.MULTI_GET: self._cmd_multi_get,
-            Command.MULTI_SET: self._cmd_multi_set,
-            Command.MULTI_DELETE: self._cmd_multi_delete,
-            Command.AUTH: self._cmd_auth,
-            Command.AUTH_PROOF: self._cmd_auth_proof,
-            Command.PING: self._cmd_ping,
-            Command.STATS: self._cmd_stats,
+            **commands.table(),
+            Command.AUTH: self._guard.on_auth,
+            Command.AUTH_PROOF: self._guard.on_auth_proof,
         }
 
     @property
@@ -252,12 +201,12 @@ class StoreServer(CommandsMixin, GuardMixin):
         try:
             while not self._stopping:
                 for key, mask in self._selector.select(self._select_timeout()):
-                    if isinstance(key.data, _Connection):
+                    if isinstance(key.data, Connection):
                         self._service(key.data, mask)
                     else:
                         key.data()
                 self._expire_waiters()
-                self._expire_half_open()
+                self._guard.expire()
                 self._listener.resume_if_due()
                 while self._ready:
                     self._process(self._ready.popleft())
@@ -276,9 +225,10 @@ class StoreServer(CommandsMixin, GuardMixin):
     def _select_timeout(self) -> float | None:
         while self._deadlines and self._deadlines[0][2].done:
             heapq.heappop(self._deadlines)
-        while self._half_open and self._half_open[0][2].deadline is None:
-            heapq.heappop(self._half_open)
-        due = [heap[0][0] for heap in (self._deadlines, self._half_open) if heap]
+        due = [self._deadlines[0][0]] if self._deadlines else []
+        half_open = self._guard.next_deadline()
+        if half_open is not None:
+            due.append(half_open)
         if self._listener.resume_at is not None:
             due.append(self._listener.resume_at)
         if not due:
@@ -300,8 +250,8 @@ class StoreServer(CommandsMixin, GuardMixin):
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             enable_keepalive(sock)
-            conn = _Connection(sock=sock, peer=f"{addr[0]}:{addr[1]}")
-            if self._token is not None:
+            conn = Connection(sock=sock, peer=f"{addr[0]}:{addr[1]}")
+            if self._guard.token is not None:
                 conn.reader.limit = _wire.MAX_PREAUTH_PAYLOAD_BYTES
             if len(self._unestablished) >= self._max_unestablished:
                 self._drop(next(iter(self._unestablished)),
@@ -309,10 +259,10 @@ class StoreServer(CommandsMixin, GuardMixin):
                            f"(at most {self._max_unestablished}); dropped the oldest")
             self._connections.add(conn)
             self._unestablished[conn] = None
-            self._arm(conn)
+            self._guard.arm(conn)
             self._update_interest(conn)
 
-    def _service(self, conn: _Connection, mask: int) -> None:
+    def _service(self, conn: Connection, mask: int) -> None:
         if mask & selectors.EVENT_WRITE:
             self._flush(conn)
         if mask & selectors.EVENT_READ and not conn.closed:
@@ -324,7 +274,7 @@ class StoreServer(CommandsMixin, GuardMixin):
                 self._drop(conn, f"receive failed: {exc}")
                 return
             if not data:
-                unauthenticated = self._token is not None and not conn.established
+                unauthenticated = self._guard.token is not None and not conn.established
                 self._drop(conn, "closed during authentication (the client rejected this "
                            "server's proof: different tokens?)" if unauthenticated and
                            conn.server_nonce else None)
@@ -332,7 +282,7 @@ class StoreServer(CommandsMixin, GuardMixin):
             conn.reader.feed(data)
             self._process(conn)
 
-    def _process(self, conn: _Connection) -> None:
+    def _process(self, conn: Connection) -> None:
         """Run the buffered requests of ``conn`` in order, until its requests are paused."""
         try:
             while not conn.paused and not conn.closed:
@@ -343,7 +293,7 @@ class StoreServer(CommandsMixin, GuardMixin):
                 handler = self.handlers.get(command)
                 if handler is None:
                     raise ProtocolError(f"unknown command byte {command}")
-                if not conn.established and not self._admit(conn, command):
+                if not conn.established and not self._guard.admit(conn, command):
                     break
                 self.request_counts[Command(command).name] += 1
                 try:
@@ -357,10 +307,10 @@ class StoreServer(CommandsMixin, GuardMixin):
         except Exception:  # a server bug must cost one connection, not the whole store
             logger.exception("TCPStore %s: request from %s failed", self.address, conn.peer)
             self._drop(conn, "internal server error")
-        self._rearm(conn)
+        self._guard.rearm(conn)
         self._update_interest(conn)
 
-    def _drop(self, conn: _Connection, reason: str | None) -> None:
+    def _drop(self, conn: Connection, reason: str | None) -> None:
         if conn.closed:
             return
         if reason is not None:
@@ -383,7 +333,7 @@ class StoreServer(CommandsMixin, GuardMixin):
         self._listener.resume()  # a descriptor is free again
 
     # ------------------------------------------------------------------------------ output
-    def _reply(self, conn: _Connection, status: Status, fields: list[bytes]) -> None:
+    def _reply(self, conn: Connection, status: Status, fields: list[bytes]) -> None:
         if conn.closed:
             return
         frame = memoryview(_wire.encode_frame(status, fields))
@@ -391,7 +341,7 @@ class StoreServer(CommandsMixin, GuardMixin):
         conn.outbox_bytes += len(frame)
         self._flush(conn)
 
-    def _flush(self, conn: _Connection) -> None:
+    def _flush(self, conn: Connection) -> None:
         was_paused = conn.paused
         while conn.outbox:
             try:
@@ -410,7 +360,7 @@ class StoreServer(CommandsMixin, GuardMixin):
             self._ready.append(conn)  # replies drained: run its buffered requests from the loop
         self._update_interest(conn)
 
-    def _update_interest(self, conn: _Connection) -> None:
+    def _update_interest(self, conn: Connection) -> None:
         """Register ``conn`` for the events it needs now (see back-pressure in the docstring)."""
         if conn.closed:
             return
@@ -429,11 +379,11 @@ class StoreServer(CommandsMixin, GuardMixin):
 
     # --------------------------------------------------------------------- parked requests
     def _park_or_answer(
-        self, conn: _Connection, command: int, keys: list[bytes], timeout: float | None
+        self, conn: Connection, command: int, keys: list[bytes], timeout: float | None
     ) -> None:
         missing = {k for k in keys if k not in self._data}
         deadline = None if timeout is None else time.monotonic() + timeout
-        waiter = _Waiter(conn, command, keys, missing, deadline)
+        waiter = Waiter(conn, command, keys, missing, deadline)
         if not missing:
             self._answer(waiter)
             return
@@ -446,7 +396,7 @@ class StoreServer(CommandsMixin, GuardMixin):
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._sequence), waiter))
 
-    def _answer(self, waiter: _Waiter) -> None:
+    def _answer(self, waiter: Waiter) -> None:
         waiter.done = True
         if waiter.command == Command.WAIT:
             fields: list[bytes] = []
@@ -454,12 +404,12 @@ class StoreServer(CommandsMixin, GuardMixin):
             fields = [self._data[k] for k in waiter.keys]
         self._reply(waiter.conn, Status.OK, fields)
 
-    def _time_out(self, waiter: _Waiter) -> None:
+    def _time_out(self, waiter: Waiter) -> None:
         waiter.done = True
         missing = [k for k in waiter.keys if k in waiter.missing]
         self._reply(waiter.conn, Status.TIMEOUT, missing)
 
-    def _unpark(self, waiter: _Waiter) -> None:
+    def _unpark(self, waiter: Waiter) -> None:
         waiter.done = True
         for key in waiter.missing:
             waiters = self._waiting.get(key)
