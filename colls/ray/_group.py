@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ REDUCE_OPS = {
 }
 #: Seconds a failed rank gives Ray to say which peer actors died before it raises.
 DEATH_PROBE_S = 5.0
+#: Seconds it still listens once one peer is known dead (two may have died together).
+DEATH_GRACE_S = 0.5
 #: Counter of the ranks that left a group whose store actor no driver owns.
 LEFT_KEY = "colls.ray/left"
 
@@ -139,7 +142,7 @@ class CollsGroup(BaseGroup):
         where = f"colls.ray: {op} in group {self._group_name!r} failed on rank {self._rank}"
         if dead:
             names = "; ".join(f"rank {r}: {_describe(members[r])}" for r in dead)
-            return PeerActorError(f"{where}: the actor of {names} died. colls: {exc}", dead)
+            return PeerActorError(f"{where}: the actor of {names} died. {exc}", dead)
         return PeerActorError(f"{where}: {exc}", [])
 
     def _peer_members(self) -> dict[int, dict[str, Any]]:
@@ -248,19 +251,21 @@ def _dead_ranks(members: dict[int, dict[str, Any]]) -> list[int]:
         handle = member.get("handle")
         if handle is not None:
             probes[rank] = handle.__ray_ready__.remote()
-    if not probes:
-        return []
-    ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=DEATH_PROBE_S)
-    dead = []
-    for rank, ref in probes.items():
-        if ref not in ready:
-            continue  # alive but busy (inside the failed collective), or not known dead yet
-        try:
-            ray.get(ref, timeout=0)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            dead.append(rank)
-        except Exception:  # noqa: BLE001 - a probe that fails otherwise says nothing of death
-            continue
+    dead: list[int] = []
+    start = time.monotonic()
+    deadline = start + DEATH_PROBE_S
+    while probes and time.monotonic() < deadline:
+        # A live peer busy in a method answers only when it is done: never wait for all.
+        ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=0.1)
+        for rank in [r for r, ref in probes.items() if ref in ready]:
+            try:
+                ray.get(probes.pop(rank), timeout=0)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                dead.append(rank)
+            except Exception:  # noqa: BLE001 - a probe failing otherwise says nothing of death
+                continue
+        if dead:  # others that died at the same moment are known by now, or soon
+            deadline = min(deadline, time.monotonic() + DEATH_GRACE_S)
     return sorted(dead)
 
 
