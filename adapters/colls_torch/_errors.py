@@ -25,10 +25,9 @@ The reverse direction (a torch Store used by colls, in the ``colls`` c10d backen
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import torch.distributed as _dist
@@ -149,33 +148,57 @@ def to_torch(exc: BaseException) -> BaseException:
     return new
 
 
-@contextlib.contextmanager
-def translated() -> Iterator[None]:
+class _Translated:
+    """The context manager of :func:`translated` (stateless: one instance serves every call).
+
+    A class, not a ``contextlib.contextmanager``: a generator-based context manager costs a
+    frame and a generator per call, a few microseconds on every collective of colls_torch.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: Any) -> bool:
+        if exc is not None and isinstance(exc, CollsError):
+            cls = torch_class_for(exc)
+            if cls is not None:
+                raise cls(torch_message(exc)) from exc
+        return False  # re-raise ``exc`` unchanged (or nothing was raised)
+
+
+class _BackendCall(_Translated):
+    """The context manager of :func:`backend_call` (stateless, shared)."""
+
+    __slots__ = ()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: Any) -> bool:
+        super().__exit__(exc_type, exc, tb)
+        if isinstance(exc, ValueError) and not isinstance(exc, CollsError):
+            raise RuntimeError(str(exc)) from exc
+        return False  # a colls error torch has no class for, or no ValueError: unchanged
+
+
+_TRANSLATED = _Translated()
+_BACKEND_CALL = _BackendCall()
+
+
+def translated() -> _Translated:
     """Re-raise colls errors raised in the block as their torch equivalents (chained)."""
-    try:
-        yield
-    except CollsError as exc:
-        cls = torch_class_for(exc)
-        if cls is None:
-            raise
-        raise cls(torch_message(exc)) from exc
+    return _TRANSLATED
 
 
-@contextlib.contextmanager
-def backend_call() -> Iterator[None]:
+def backend_call() -> _BackendCall:
     """Run a colls call as torch runs a gloo call: translate errors, ValueError -> RuntimeError.
 
     torch's Python layer checks types, dtypes and ``src``/``group_src`` exclusivity (those keep
     TypeError/ValueError, raised before this block); sizes, list lengths and roots are checked by
     gloo in C++ and raise RuntimeError. colls checks the latter as ValueError, hence the rule.
     """
-    try:
-        with translated():
-            yield
-    except ValueError as exc:
-        if isinstance(exc, CollsError):
-            raise  # a colls error torch has no class for: as translated() leaves it
-        raise RuntimeError(str(exc)) from exc
+    return _BACKEND_CALL
 
 
 def boundary(func: F) -> F:
@@ -183,7 +206,7 @@ def boundary(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with translated():
+        with _TRANSLATED:
             return func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -44,12 +44,22 @@ def _premul(factor: Any) -> PremulSum:
     return colls.make_premul_sum(factor)
 
 
+#: colls' op of each of torch's op kinds (all but PREMUL_SUM, which needs a factor).
+_BY_TORCH_KIND: Final = {
+    kind: RedOpType[name] for name, kind in _TorchRedOpType.__members__.items()
+    if name in RedOpType.__members__ and name != "PREMUL_SUM"
+}
+
+
 def to_colls(op: Any) -> Any:
     """Return the colls op for any op spelling torch (or colls) accepts.
 
     Raises:
         TypeError: ``op`` is not a reduce op.
     """
+    found = _BY_TORCH_KIND.get(op) if type(op) is _TorchRedOpType else None
+    if found is not None:  # ReduceOp.SUM, ...: the common case, one lookup
+        return found
     if isinstance(op, (RedOpType, PremulSum)):
         return op
     if isinstance(op, _TorchRedOpType):  # ReduceOp.SUM (checked first: it also passes
@@ -92,6 +102,8 @@ def check_reduction(op: Any, dtype: torch.dtype, fn: str) -> None:
         ValueError: complex tensors with an op torch does not support on them (all_reduce).
         RuntimeError: an op gloo refuses for the dtype (bitwise on floats, AVG on integers).
     """
+    if op is RedOpType.SUM:
+        return  # every dtype torch moves can be summed
     name = kind_name(op)
     if dtype.is_complex and name in _COMPLEX_DENY:
         if fn in _COMPLEX_CHECKED:
