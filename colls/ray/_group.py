@@ -62,7 +62,7 @@ class PeerActorError(BackendError):
         self.dead_ranks = dead_ranks
 
 
-def _store_server(group_name: str, rank: int) -> Any:
+def _store_server(group_name: str) -> Any:
     """Return the handle of the group's store actor, created here if the driver did not."""
     from colls.ray._store import StoreServer
 
@@ -88,12 +88,11 @@ class CollsGroup(BaseGroup):
                 f"(pid {os.getpid()}) is already in a colls group (colls' world, rank "
                 f"{colls.get_rank()} of {colls.get_world_size()}); a process is in one colls "
                 "group at a time: destroy_collective_group() the other first")
-        self._server = _store_server(group_name, rank)
+        self._server = _store_server(group_name)
         self._store = RayStore(self._server, store_actor_name(group_name))
         settings = self._store.settings
         timeout = float(settings.get("timeout_s") or colls_timeout_s())
         self._store.set_timeout(timeout)
-        self._timeout_s = timeout
         self._store.join(rank, _this_member())
         colls.init_process_group(
             backend=settings.get("transport") or "tcp", store=self._store, rank=rank,
