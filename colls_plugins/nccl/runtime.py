@@ -34,7 +34,10 @@ __all__ = [
     "unavailable_reason",
 ]
 
-INSTALL_HINT: Final = "pip install 'colls[cuda12]'; 'colls[cuda13]' for CUDA 13"
+INSTALL_HINT: Final = (
+    "pip install -e '.[cuda12]' in a checkout of colls ('.[cuda13]' for CUDA 13), or pip install "
+    "cupy-cuda12x nvidia-nccl-cu12"
+)
 #: Store key (in the group's prefixed store) of the group's NCCL unique id.
 UNIQUE_ID_KEY: Final = "nccl/unique_id"
 #: Store key prefix of each rank's GPU identity ("nccl/device/<rank>").

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.timeout(180)
 #: Seconds one fresh interpreter may take (imports only; guards a hang).
 RUN_S = 90
 NO_CUPY_REASON = (
-    "nccl: cupy is not installed (pip install 'colls[cuda12]'; 'colls[cuda13]' for CUDA 13)"
+    "nccl: cupy is not installed (pip install -e '.[cuda12]' in a checkout of colls ('.[cuda13]' "
+    "for CUDA 13), or pip install cupy-cuda12x nvidia-nccl-cu12)"
 )
 needs_cupy = pytest.mark.skipif(
     importlib.util.find_spec("cupy") is None, reason="needs cupy (pip install cupy-cuda12x)"
