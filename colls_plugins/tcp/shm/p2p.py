@@ -459,10 +459,12 @@ class PollingFuture(Completion):
     :data:`BLOCK_SLICE_SECONDS`, so a lost datagram costs at most a slice.
 
     Args:
-        poll: the engine's ``poll_rings``.
+        poll: moves the rings' entries into the match table
+            (:meth:`~colls_plugins.tcp.host_peers.HostPeers.poll`, or a send's poll that also
+            reaps acknowledged remote sends).
         group: the host's memory.
-        drivers: the engine's set of futures whose waiter is polling now (its progress thread
-            then looks every :data:`DRIVEN_TICK_SECONDS` only).
+        drivers: the host peers' set of futures whose waiter is polling now (the progress
+            thread then looks every :data:`DRIVEN_TICK_SECONDS` only).
     """
 
     def __init__(self, poll: Callable[[], None], group: ShmGroup, drivers: set[Any]) -> None:
