@@ -60,9 +60,9 @@ def job_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_job(envs: list[dict[str, str]]) -> list[str]:
+def run_job(envs: list[dict[str, str]], worker: str = WORKER) -> list[str]:
     """Start one process per environment; return their output lines, sorted."""
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER], env=job_env(e),
+    procs = [subprocess.Popen([sys.executable, "-c", worker], env=job_env(e),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for e in envs]
     lines = []
@@ -172,6 +172,25 @@ def test_jax_variables_make_the_world() -> None:
     envs = [{"JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": "4",
              "JAX_PROCESS_ID": str(r)} for r in range(4)]
     assert run_job(envs) == expected(4)
+
+
+JAX_WORKER = """
+import os
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import colls, colls_jax, jax.numpy as jnp
+colls.init_process_group("tcp")  # colls_jax's processes join through the core's env://
+y = colls_jax.all_reduce(jnp.full(4, colls.get_rank() + 1.0))
+os.write(1, f"rank {colls.get_rank()}/{colls.get_world_size()}: {float(y[0]):g}\\n".encode())
+colls.destroy_process_group()
+"""
+
+
+def test_colls_jax_joins_with_the_jax_runtimes_variables() -> None:
+    pytest.importorskip("jax", reason="needs jax")
+    coordinator = f"127.0.0.1:{free_port() - launch_env.JAX_STORE_PORT_OFFSET}"
+    envs = [{"JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": "2",
+             "JAX_PROCESS_ID": str(r)} for r in range(2)]
+    assert run_job(envs, JAX_WORKER) == expected(2)
 
 
 # ------------------------------------------------------------------------------------ MPIJob
