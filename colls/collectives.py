@@ -113,10 +113,8 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
         return None
     pg = call.group
     src = call.buffer(tensor, arg="tensor", writable=False)
-    outs = call.buffer_list(tensor_list, arg="tensor_list", writable=True, length=pg.size)
-    call.same_dtype(src, outs, names="tensor_list")
-    for i, out in enumerate(outs):
-        call.numel(out, src.numel, arg=f"tensor_list[{i}]", why="the number of elements of tensor")
+    outs = call.rank_list(tensor_list, src, arg="tensor_list", writable=True,
+                          why="the number of elements of tensor")
 
     def job(tag: int) -> None:
         flat = buffers.empty_array(src.numel * pg.size, src.dtype, src.device)
@@ -160,10 +158,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
         dst = 0  # torch's default root for gather and scatter
     root = call.group_rank(dst, group_dst, arg="dst")
     src = call.buffer(tensor, arg="tensor", writable=False)
-    outs = _root_list(call, root, gather_list, arg="gather_list", writable=True)
-    call.same_dtype(src, outs, names="gather_list")
-    for i, out in enumerate(outs):
-        call.numel(out, src.numel, arg=f"gather_list[{i}]", why="the number of elements of tensor")
+    outs = _root_list(call, root, gather_list, src, arg="gather_list", writable=True)
 
     def job(tag: int) -> None:
         flat = buffers.empty_array(src.numel * pg.size, src.dtype, src.device) if outs else None
@@ -186,11 +181,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
         src = 0  # torch's default root for scatter and gather
     root = call.group_rank(src, group_src, arg="src")
     out = call.buffer(tensor, arg="tensor", writable=True)
-    ins = _root_list(call, root, scatter_list, arg="scatter_list", writable=False)
-    call.same_dtype(out, ins, names="scatter_list")
-    for i, chunk in enumerate(ins):
-        call.numel(chunk, out.numel, arg=f"scatter_list[{i}]",
-                   why="the number of elements of tensor")
+    ins = _root_list(call, root, scatter_list, out, arg="scatter_list", writable=False)
 
     def job(tag: int) -> None:
         flat = _concat(ins) if ins else None
@@ -200,12 +191,15 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     return call.submit(job, async_op=async_op)
 
 
-def _root_list(call: Call, root: int, objs: Any, *, arg: str, writable: bool) -> list[Buffer]:
-    """Import the per-rank list a rooted op needs on the root and forbids elsewhere."""
+def _root_list(call: Call, root: int, objs: Any, like: Buffer, *, arg: str, writable: bool
+               ) -> list[Buffer]:
+    """Import the per-rank list a rooted op needs on the root (arrays like ``tensor``) and
+    forbids elsewhere."""
     if call.group.rank == root:
         if objs is None:
             raise ValueError(f"{call.where}: argument {arg} must be specified on the root rank")
-        return call.buffer_list(objs, arg=arg, writable=writable, length=call.group.size)
+        return call.rank_list(objs, like, arg=arg, writable=writable,
+                              why="the number of elements of tensor")
     if objs:
         raise ValueError(
             f"{call.where}: argument {arg} must NOT be specified on non-root ranks (the root "
@@ -222,10 +216,8 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
         return None
     pg = call.group
     out = call.buffer(output, arg="output", writable=True)
-    ins = call.buffer_list(input_list, arg="input_list", writable=False, length=pg.size)
-    call.same_dtype(out, ins, names="input_list")
-    for i, chunk in enumerate(ins):
-        call.numel(chunk, out.numel, arg=f"input_list[{i}]", why="the number of elements of output")
+    ins = call.rank_list(input_list, out, arg="input_list", writable=False,
+                         why="the number of elements of output")
     spec = call.reduce_spec(op, out)
 
     def job(tag: int) -> None:

@@ -395,6 +395,16 @@ class Call:
         return [self.buffer(obj, arg=f"{arg}[{i}]", writable=writable)
                 for i, obj in enumerate(objs)]
 
+    def rank_list(self, objs: Any, like: Buffer, *, arg: str, writable: bool, why: str
+                  ) -> list[Buffer]:
+        """Import a list of one array per rank of the group, each with ``like``'s dtype and
+        number of elements (``why`` says where that number comes from)."""
+        bufs = self.buffer_list(objs, arg=arg, writable=writable, length=self.group.size)
+        self.same_dtype(like, bufs, names=arg)
+        for i, buf in enumerate(bufs):
+            self.numel(buf, like.numel, arg=f"{arg}[{i}]", why=why)
+        return bufs
+
     def same_dtype(self, reference: Buffer, others: Sequence[Buffer], *, names: str) -> None:
         """All of ``others`` must have ``reference``'s dtype (:func:`check_same_dtype`)."""
         check_same_dtype(reference, others, names=names, op=self.op)
