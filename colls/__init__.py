@@ -84,14 +84,14 @@ _EXPORTS: dict[str, str] = {
     "BackendUnavailableError": "colls.errors",
 }
 
-__all__ = sorted(_EXPORTS) + ["functional", "__version__"]
+__all__ = sorted(_EXPORTS) + ["functional", "debug", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        if name == "functional":
-            return importlib.import_module("colls.functional")
+        if name in ("functional", "debug"):
+            return importlib.import_module(f"colls.{name}")
         raise AttributeError(f"module 'colls' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

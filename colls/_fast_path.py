@@ -16,12 +16,16 @@ is skipped and why that is safe.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from colls import dtypes, fingerprint
+from colls import dtypes, fingerprint, flight_recorder
+from colls.flight_recorder import SITE_MASK, note_site
+
+assert SITE_MASK == 63, "_run's literal must follow colls.flight_recorder.SITE_MASK"
 from colls.dispatch import MAX_USER_TAG
 from colls.fingerprint import SEQUENCE_MASK, SIGNATURE_BITS
 from colls.process_group import ProcessGroup
@@ -35,15 +39,21 @@ MAX_PLANS = 1024
 class _Plan:
     """What one kind of call runs: ``job(first, second, tag)`` (see :func:`_run`)."""
 
-    __slots__ = ("first_tag", "job", "arg", "flat")
+    __slots__ = ("first_tag", "job", "arg", "flat", "fr_sizes", "op", "site")
 
-    def __init__(self, signature: int, job: Callable[..., None], arg: Any, flat: bool) -> None:
+    def __init__(self, signature: int, job: Callable[..., None], arg: Any, flat: bool,
+                 fr_sizes: Any = ([], [], [], []), op: str = "barrier") -> None:
         #: The tag of collective number 0 of this kind; :func:`_run` derives number ``seq``'s
         #: from it as :func:`colls.fingerprint.collective_tag` says (inline: no frame).
         self.first_tag = fingerprint.collective_tag(0, signature)
         self.job = job  #: the backend's bound method, or a wrapper adding the op's finish
         self.arg = arg  #: the ReduceSpec of an all_reduce, the root of a broadcast
         self.flat = flat  #: whether the caller's arrays are 1-D already (no reshape needed)
+        #: The calls' op, input/output sizes and dtypes, and the last sampled call site (frames
+        #: as (code, offset) pairs), for the flight recorder's dumps.
+        self.op = op
+        self.fr_sizes = fr_sizes
+        self.site: Any = None
 
 
 class _GroupPlans:
@@ -52,13 +62,17 @@ class _GroupPlans:
     none, so the fast path decides that once, not per call."""
 
     __slots__ = ("p2p", "usable", "all_reduce", "broadcast", "all_gather", "barrier", "count",
-                 "claim", "release", "next_sequence", "run")
+                 "claim", "release", "next_sequence", "run", "fr", "fr_group")
 
     def __init__(self, pg: ProcessGroup) -> None:
         backend = pg.backend
         # The group's bound callables :func:`_run` calls, looked up once.
         self.claim, self.release = pg.claim_inline, pg.release_inline
         self.next_sequence, self.run = pg.next_sequence, pg.health.run
+        # The flight recorder's ring append (None when it is off), group record and ids.
+        self.fr_group = pg.health.fr
+        ring = flight_recorder.RECORDER.ring
+        self.fr = ring.append if self.fr_group is not None and ring is not None else None
         # A backend without CPU arrays has NumPy arrays refused by the device check; one whose
         # point-to-point waits for queued collectives takes the general path, which waits.
         host_arrays = "cpu" in backend.devices
@@ -127,7 +141,9 @@ def _all_reduce_plan(
             backend_all_reduce(array, spec, tag)
             spec.finish(array, size)
 
-    plan = _Plan(record.signature(), job, spec, tensor.ndim == 1)
+    plan = _Plan(record.signature(), job, spec, tensor.ndim == 1,
+                 flight_recorder.plan_sizes("all_reduce", tensor, None), "all_reduce")
+    flight_recorder.note_first_site(plan)
     return plans.keep(plans.all_reduce[op._value_], tensor.dtype, tensor.shape, plan)
 
 
@@ -140,7 +156,9 @@ def _broadcast_plan(
     if dtype is None or not plans.usable:
         return None
     record = fingerprint.CallRecord("broadcast", dtype=dtype.name, shape=tensor.shape, root=root)
-    plan = _Plan(record.signature(), pg.backend.broadcast, root, tensor.ndim == 1)
+    plan = _Plan(record.signature(), pg.backend.broadcast, root, tensor.ndim == 1,
+                 flight_recorder.plan_sizes("broadcast", tensor, None), "broadcast")
+    flight_recorder.note_first_site(plan)
     return plans.keep(plans.broadcast.setdefault(root, {}), tensor.dtype, tensor.shape, plan)
 
 
@@ -164,7 +182,10 @@ def _all_gather_plan(
         return None
     record = fingerprint.CallRecord("all_gather_into_tensor", dtype=dtype.name, shape=input.shape)
     plan = _Plan(record.signature(), pg.backend.all_gather, None,
-                 input.ndim == 1 and output.ndim == 1)
+                 input.ndim == 1 and output.ndim == 1,
+                 flight_recorder.plan_sizes("all_gather_into_tensor", output, input),
+                 "all_gather_into_tensor")
+    flight_recorder.note_first_site(plan)
     return plans.keep(plans.all_gather, input.dtype, (input.shape, output.shape), plan)
 
 
@@ -176,16 +197,30 @@ def _run(plans: _GroupPlans, op: str, plan: _Plan, first: Any, second: Any) -> b
     The general path's steps in one frame: the executor's order (``claim_inline``), the
     sequence number and its tag, and the health rules (:meth:`colls.health.GroupHealth.run`),
     which raise a broken group's error as the general path does (the arguments have passed).
+
+    With the flight recorder on, the call is noted first: a tuple of its group, number, plan
+    and time (:mod:`colls.flight_recorder`). Its call site is sampled: the call that made the
+    plan, and every :data:`~colls.flight_recorder.SITE_SAMPLE`-th call of the group, note theirs
+    on the plan (:func:`colls.flight_recorder.note_site`); a dump reads the stack of a call in
+    progress from its thread.
     """
     if not plans.claim():
         return False
     try:
         seq = plans.next_sequence()
+        record = plans.fr
+        if record is not None:
+            if not seq & 63:  # SITE_MASK, as a constant: this runs on every call
+                note_site(plan)
+            record((plans.fr_group, seq, plan, _time_ns()))
         plans.run(op, seq, plan.job, first, second,
                   plan.first_tag - ((seq & SEQUENCE_MASK) << SIGNATURE_BITS))
     finally:
         plans.release()
     return True
+
+
+_time_ns = time.time_ns
 
 
 def all_reduce(tensor: Any, op: Any) -> bool:
@@ -241,7 +276,12 @@ def barrier() -> bool:
     if pg is None:
         return False
     plans = pg.plans or _group_plans(pg)
-    return plans.barrier is not None and _run(plans, "barrier", plans.barrier, None, None)
+    plan = plans.barrier
+    if plan is None:
+        return False
+    if plan.site is None:
+        flight_recorder.note_first_site(plan)  # made with the group's plans: at its first call
+    return _run(plans, "barrier", plan, None, None)
 
 
 def all_gather_into_tensor(output: Any, input: Any) -> bool:

@@ -22,10 +22,11 @@ anything else, including any call the general path would refuse, comes here.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from colls import buffers, fingerprint, streams
+from colls import buffers, fingerprint, flight_recorder, streams
 from colls.buffers import Buffer
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
@@ -315,6 +316,14 @@ def _tag_only(job: Callable[[int], Any], _unused: None, tag: int) -> Any:
     return job(tag)
 
 
+def _recorded(job: Callable[[int], Any], entry: list[Any], tag: int) -> Any:
+    """:func:`_tag_only`, noting the job's start and end in its flight recorder ``entry``."""
+    entry[6] = time.time_ns()
+    result = job(tag)
+    entry[7] = time.time_ns()
+    return result
+
+
 class Call:
     """One public call on its way to its group's backend.
 
@@ -328,15 +337,17 @@ class Call:
         group: the resolved group.
         record: what the arguments showed (:class:`colls.fingerprint.CallRecord`).
         cuda: an imported array lives in CUDA memory (the job then runs on the caller's stream).
+        arrays: (argument, shape, dtype name) of each imported array, for the flight recorder.
     """
 
-    __slots__ = ("op", "group", "record", "cuda")
+    __slots__ = ("op", "group", "record", "cuda", "arrays")
 
     def __init__(self, op: str, group: ProcessGroup) -> None:
         self.op = op
         self.group = group
         self.record = fingerprint.CallRecord(op)
         self.cuda = False
+        self.arrays: list[tuple[str, tuple[int, ...], str]] = []
 
     @classmethod
     def begin(cls, op: str, group: Any) -> Call | None:
@@ -386,6 +397,7 @@ class Call:
         if buf.device == "cuda":
             self.cuda = True
         self.record.saw_array(arg, buf.shape, buf.dtype.name)
+        self.arrays.append((arg, buf.shape, buf.dtype.name))
         return buf
 
     def buffer_list(self, objs: Any, *, arg: str, writable: bool, length: int | None
@@ -466,9 +478,15 @@ class Call:
         seq = pg.next_sequence()
         tag = fingerprint.collective_tag(seq, record.signature())
         caller = self._caller_stream()
+        # The flight recorder's entry, which the job marks started and completed (_recorded).
+        entry = None
+        if health.fr is not None:
+            entry = flight_recorder.RECORDER.begin(
+                health.fr, seq, op, flight_recorder.array_sizes(self.arrays), 1)
+        adapter = _tag_only if entry is None else _recorded
 
         if check_seq is None and caller is None:  # the usual case: the job itself, no wrapper
-            return pg.run(functools.partial(health.run, op, seq, _tag_only, job, None, tag),
+            return pg.run(functools.partial(health.run, op, seq, adapter, job, entry, tag),
                           op=op, async_op=async_op, timeout=timeout)
 
         fence = None
@@ -492,7 +510,7 @@ class Call:
                 return result
 
         def run() -> Any:
-            return health.run(op, seq, _tag_only, checked_job, None, tag)
+            return health.run(op, seq, adapter, checked_job, entry, tag)
 
         work = pg.run(run, op=op, async_op=async_op, timeout=timeout)
         if fence is not None and work is not None:

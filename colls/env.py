@@ -38,6 +38,13 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+def _parse_non_negative_int(text: str) -> int:
+    value = int(text, 0)
+    if value < 0:
+        raise ValueError(f"expected 0 or a positive integer, got {text!r}")
+    return value
+
+
 def _parse_debug(text: str) -> str:
     lowered = text.strip().lower()
     if lowered not in ("off", "info", "detail"):
@@ -193,6 +200,18 @@ SETTINGS: dict[str, Setting] = {
             "COLLS_ERROR_FILE", _parse_str, "",
             "Set by colls-run for each worker: the file where the worker wrapper writes the "
             "traceback of an uncaught exception, for the launcher's root-cause report.",
+        ),
+        Setting(
+            "COLLS_FR_BUFFER_SIZE", _parse_non_negative_int, 2000,
+            "Flight recorder: how many recent calls (of every group) each process keeps for "
+            "its dumps; 0 turns the recorder off. Read when the process makes its first group.",
+        ),
+        Setting(
+            "COLLS_FR_DUMP_DIR", _parse_str, "",
+            "Flight recorder: the directory each rank writes its dump to "
+            "(colls_fr_trace_rank_<rank>) on a timeout, a dead peer, a mismatch, SIGUSR1 or "
+            "colls.debug.dump(); empty means colls-fr-<uid> in the temp directory (colls-run "
+            "sets one per job). Read it with colls-frtrace DIR.",
         ),
         Setting(
             "COLLS_START_METHOD", _parse_start_method, "fork",

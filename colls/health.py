@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from colls import env
+from colls import env, flight_recorder
 from colls.errors import BackendError, NetworkError, StoreError, StoreTimeoutError
 from colls.fingerprint import CollectiveMismatchError, shown_number
 from colls.store.base import INTERNAL_KEY_PREFIX, innermost
@@ -78,6 +78,8 @@ MAX_REPORT_SLOTS = 10_000
 
 SHUTDOWN = "shutdown"
 FAILED = "failed"
+#: A record asking every rank to dump its flight recorder (:func:`colls.debug.dump`).
+DUMP = "dump"
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ class FailureRecord:
     """One failure written to the store (JSON).
 
     Attributes:
-        kind: ``failed``, or ``shutdown`` when the store host leaves in an orderly way.
+        kind: ``failed``, ``shutdown`` when the store host leaves in an orderly way, or
+            ``dump``: a request that every rank dump its flight recorder.
         group: name of the group that failed.
         reporter: world rank that wrote the record.
         dead: world rank that died, when known (it breaks every group containing it).
@@ -258,7 +261,7 @@ class _Watcher:
                 if record is not None and record.kind == SHUTDOWN:
                     self._host_left = True
                     return
-                if record is not None and record.kind == FAILED:
+                if record is not None and record.kind in (FAILED, DUMP):
                     self._apply(record)
         except NetworkError as exc:
             if not (self._stop.is_set() or self._host_left):
@@ -271,6 +274,8 @@ class _Watcher:
             groups = list(self.groups)
         for health in groups:
             health.apply(record)
+        # Every rank dumps on another's failure, members of the failed group or not.
+        flight_recorder.on_record(record, self.store)
 
     def _store_lost(self, exc: BaseException) -> None:
         with self._lock:
@@ -345,6 +350,8 @@ class GroupHealth:
         self._last: tuple[str, int] | None = None
         self._works: set[Work] = set()
         self._closed = False
+        #: This group's flight recorder record (colls.flight_recorder), None when it is off.
+        self.fr = flight_recorder.RECORDER.group(pg, self)
         listen = getattr(pg.backend, "set_failure_listener", None)
         if callable(listen):
             listen(self._peer_lost)
@@ -382,6 +389,8 @@ class GroupHealth:
         try:
             return job(array, arg, tag)
         except BaseException as exc:
+            if self.fr is not None:
+                self.fr.failed.add(seq)
             failure = self.job_failed(label(op, seq), exc)
             if failure is exc:
                 raise
@@ -424,6 +433,8 @@ class GroupHealth:
         operation) explains better.
         """
         if isinstance(exc, CollectiveMismatchError):
+            if self.fr is not None:
+                flight_recorder.on_failure(self._pg.name, label, str(exc))
             return exc
         explained = self.explain(label, exc, grace=CATCH_UP_GRACE_S, settle=CATCH_UP_GRACE_S)
         if explained is not exc or self.error is not None:
@@ -489,6 +500,8 @@ class GroupHealth:
         if self._closed:
             return
         host = getattr(innermost(store), "hosted_by", "world rank 0")
+        if self.fr is not None:
+            flight_recorder.dump_once(("store-lost",), f"lost the store ({exc})")
         self._break(
             f"lost the connection to {getattr(store, 'description', store)}, hosted by "
             f"{host}, which probably died ({exc}); this rank was {self._where()}",
@@ -516,6 +529,8 @@ class GroupHealth:
         if record is not None and self._watcher is not None:
             self._watcher.report(record)
             self._watcher.flush(RECORD_BEFORE_ABORT_S)
+        if record is not None and self.fr is not None:
+            flight_recorder.on_failure(self._pg.name, record.op, message)
         abort = getattr(self._pg.backend, "abort", None)
         if callable(abort):
             try:
@@ -536,4 +551,14 @@ class GroupHealth:
             _detach(self, self._watcher)
 
 
-__all__ = ["FailureRecord", "GroupHealth", "RECORD_KEY"]
+def request_dump(health: GroupHealth, reason: str) -> bool:
+    """Ask every rank of the job to dump its flight recorder: a ``dump`` record in the store
+    that ``health``'s group watches. Returns False when nobody else watches (one process)."""
+    watcher = health._watcher
+    if watcher is None:
+        return False
+    watcher.report(FailureRecord(kind=DUMP, reporter=health._me(), reason=reason), wait=True)
+    return True
+
+
+__all__ = ["FailureRecord", "GroupHealth", "RECORD_KEY", "request_dump"]

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from colls import _fast_path as fast
 from colls import dispatch as d
+from colls import flight_recorder as fr
 from colls.buffers import Buffer
 from colls.dispatch import Call
 from colls.errors import NetworkError
@@ -68,14 +69,19 @@ def _isend(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | 
     if group is None and group_dst is None:
         ready = fast.peer(tensor, dst, tag, writable=False)
         if ready is not None:  # the common case (colls._fast_path)
-            return ready[0].backend.isend(ready[1], dst, tag)
+            pg, array = ready
+            if pg.health.fr is None:
+                return pg.backend.isend(array, dst, tag)
+            entry = fr.p2p_begin(pg, op, array, dst)
+            return fr.p2p_work(entry, pg.backend.isend(array, dst, tag))
     if _null(dst, group_dst):
         return _null_work(group, op, None)
     post = _checked_send(tensor, dst, group, tag, group_dst, op)
     if post is None:
         return None
     pg, array, peer = post
-    return pg.backend.isend(array, peer, tag)
+    entry = fr.p2p_begin(pg, op, array, peer)
+    return fr.p2p_work(entry, pg.backend.isend(array, peer, tag))
 
 
 def _after_queued_collectives(pg: ProcessGroup, op: str) -> None:
@@ -118,14 +124,19 @@ def _irecv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | 
     if group is None and group_src is None:
         ready = fast.peer(tensor, src, tag, writable=True)
         if ready is not None:  # the common case (colls._fast_path)
-            return ready[0].backend.irecv(ready[1], src, tag)
+            pg, array = ready
+            if pg.health.fr is None:
+                return pg.backend.irecv(array, src, tag)
+            entry = fr.p2p_begin(pg, op, array, src)
+            return fr.p2p_work(entry, pg.backend.irecv(array, src, tag))
     if _null(src, group_src):
         return _null_work(group, op, PROC_NULL)
     post = _checked_recv(tensor, src, group, tag, group_src, op)
     if post is None:
         return None
     pg, buf, peer = post
-    return _written_back(pg.backend.irecv(buf.array, peer, tag), buf)
+    entry = fr.p2p_begin(pg, op, buf.array, peer)
+    return fr.p2p_work(entry, _written_back(pg.backend.irecv(buf.array, peer, tag), buf))
 
 
 def _checked_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
@@ -174,10 +185,12 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     if group is None and group_dst is None:
         ready = fast.peer(tensor, dst, tag, writable=False)
         if ready is not None:  # the common case (colls._fast_path)
+            entry = None if ready[0].health.fr is None else fr.p2p_begin(*ready, "send", dst)
             try:
                 ready[0].backend.send(ready[1], dst, tag)
             except NetworkError as exc:
                 _raise_explained(ready[0], "send", exc)
+            fr.p2p_done(entry)
             return
     work = _isend(tensor, dst, group, tag, group_dst, "send")
     if work is not None:
@@ -195,10 +208,13 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     if group is None and group_src is None:
         ready = fast.peer(tensor, src, tag, writable=True)
         if ready is not None:  # the common case: in the default group the group rank is global
+            entry = None if ready[0].health.fr is None else fr.p2p_begin(*ready, "recv", src)
             try:
-                return ready[0].backend.recv(ready[1], src, tag)
+                sender = ready[0].backend.recv(ready[1], src, tag)
             except NetworkError as exc:
                 _raise_explained(ready[0], "recv", exc)
+            fr.p2p_done(entry)
+            return sender
     work = _irecv(tensor, src, group, tag, group_src, "recv")
     if work is None:
         return -1  # not a member of the group
