@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from colls.errors import StoreError
 from colls.store import _wire
@@ -29,6 +30,7 @@ def expect(fields: list[bytes], count: int, command: str) -> None:
         raise ProtocolError(f"{command} expects {count} fields, got {len(fields)}")
 
 
+@dataclass(eq=False)
 class Commands:
     """The request handlers of one store server (see the module docstring).
 
@@ -41,15 +43,11 @@ class Commands:
             MULTI_GET whose keys are all there, or parks it until they are (or time runs out).
     """
 
-    def __init__(self, data: dict[bytes, bytes], request_counts: collections.Counter[str],
-                 reply: Reply, store: Callable[[bytes, bytes], None],
-                 park_or_answer: Callable[[Connection, int, list[bytes], float | None], None]
-                 ) -> None:
-        self._data = data
-        self.request_counts = request_counts
-        self._reply = reply
-        self._store = store
-        self._park_or_answer = park_or_answer
+    data: dict[bytes, bytes]
+    request_counts: collections.Counter[str]
+    reply: Reply
+    store: Callable[[bytes, bytes], None]
+    park_or_answer: Callable[[Connection, int, list[bytes], float | None], None]
 
     def table(self) -> dict[int, Handler]:
         """Return the handler of each data command, by command byte."""
@@ -71,24 +69,24 @@ class Commands:
 
     def _cmd_ping(self, conn: Connection, fields: list[bytes]) -> None:
         expect(fields, 0, "PING")
-        self._reply(conn, Status.OK, [])
+        self.reply(conn, Status.OK, [])
 
     def _cmd_set(self, conn: Connection, fields: list[bytes]) -> None:
         expect(fields, 2, "SET")
         key = _wire.check_key_field(fields[0])
-        self._reply(conn, Status.OK, [])
-        self._store(key, fields[1])
+        self.reply(conn, Status.OK, [])
+        self.store(key, fields[1])
 
     def _cmd_get(self, conn: Connection, fields: list[bytes]) -> None:
         expect(fields, 2, "GET")
         timeout = _wire.decode_timeout(fields[0])
-        self._park_or_answer(conn, Command.GET, [_wire.check_key_field(fields[1])], timeout)
+        self.park_or_answer(conn, Command.GET, [_wire.check_key_field(fields[1])], timeout)
 
     def _cmd_add(self, conn: Connection, fields: list[bytes]) -> None:
         expect(fields, 2, "ADD")
         key = _wire.check_key_field(fields[0])
         amount = _wire.decode_int(fields[1])
-        old = self._data.get(key, b"0")
+        old = self.data.get(key, b"0")
         try:
             value = int(old.decode("ascii")) + amount
         except (UnicodeDecodeError, ValueError):
@@ -101,54 +99,54 @@ class Commands:
                 f"add({key.decode('utf-8', 'replace')!r}, {amount}) would make the counter "
                 f"{value}, outside the signed 64-bit range of store integers"
             )
-        self._reply(conn, Status.OK, [_wire.encode_int(value)])
-        self._store(key, str(value).encode("ascii"))
+        self.reply(conn, Status.OK, [_wire.encode_int(value)])
+        self.store(key, str(value).encode("ascii"))
 
     def _cmd_compare_set(self, conn: Connection, fields: list[bytes]) -> None:
         expect(fields, 3, "COMPARE_SET")
         key, expected, desired = _wire.check_key_field(fields[0]), fields[1], fields[2]
-        current = self._data.get(key)
+        current = self.data.get(key)
         if current is None and expected:
-            self._reply(conn, Status.OK, [expected])  # torch returns expected here
+            self.reply(conn, Status.OK, [expected])  # torch returns expected here
         elif current is not None and current != expected:
-            self._reply(conn, Status.OK, [current])
+            self.reply(conn, Status.OK, [current])
         else:
-            self._reply(conn, Status.OK, [desired])
-            self._store(key, desired)
+            self.reply(conn, Status.OK, [desired])
+            self.store(key, desired)
 
     def _cmd_wait(self, conn: Connection, fields: list[bytes]) -> None:
         if not fields:
             raise ProtocolError("WAIT expects a timeout field")
         timeout = _wire.decode_timeout(fields[0])
         keys = [_wire.check_key_field(f) for f in fields[1:]]
-        self._park_or_answer(conn, Command.WAIT, keys, timeout)
+        self.park_or_answer(conn, Command.WAIT, keys, timeout)
 
     def _cmd_check(self, conn: Connection, fields: list[bytes]) -> None:
         keys = [_wire.check_key_field(f) for f in fields]
-        present = all(k in self._data for k in keys)
-        self._reply(conn, Status.OK, [b"\x01" if present else b"\x00"])
+        present = all(k in self.data for k in keys)
+        self.reply(conn, Status.OK, [b"\x01" if present else b"\x00"])
 
     def _cmd_delete_key(self, conn: Connection, fields: list[bytes]) -> None:
         expect(fields, 1, "DELETE_KEY")
-        existed = self._data.pop(_wire.check_key_field(fields[0]), None) is not None
-        self._reply(conn, Status.OK, [b"\x01" if existed else b"\x00"])
+        existed = self.data.pop(_wire.check_key_field(fields[0]), None) is not None
+        self.reply(conn, Status.OK, [b"\x01" if existed else b"\x00"])
 
     def _cmd_multi_delete(self, conn: Connection, fields: list[bytes]) -> None:
         keys = [_wire.check_key_field(f) for f in fields]
-        existed = sum(self._data.pop(key, None) is not None for key in keys)
-        self._reply(conn, Status.OK, [_wire.encode_int(existed)])
+        existed = sum(self.data.pop(key, None) is not None for key in keys)
+        self.reply(conn, Status.OK, [_wire.encode_int(existed)])
 
     def _cmd_num_keys(self, conn: Connection, fields: list[bytes]) -> None:
         expect(fields, 0, "NUM_KEYS")
-        count = sum(1 for k in self._data if not k.startswith(_INTERNAL_PREFIX))
-        self._reply(conn, Status.OK, [_wire.encode_int(count)])
+        count = sum(1 for k in self.data if not k.startswith(_INTERNAL_PREFIX))
+        self.reply(conn, Status.OK, [_wire.encode_int(count)])
 
     def _cmd_multi_get(self, conn: Connection, fields: list[bytes]) -> None:
         if not fields:
             raise ProtocolError("MULTI_GET expects a timeout field")
         timeout = _wire.decode_timeout(fields[0])
         keys = [_wire.check_key_field(f) for f in fields[1:]]
-        self._park_or_answer(conn, Command.MULTI_GET, keys, timeout)
+        self.park_or_answer(conn, Command.MULTI_GET, keys, timeout)
 
     def _cmd_stats(self, conn: Connection, fields: list[bytes]) -> None:
         """Answer the requests served so far per command name, this one included."""
@@ -156,13 +154,13 @@ class Commands:
         reply: list[bytes] = []
         for name, count in sorted(self.request_counts.items()):
             reply += [name.encode("ascii"), _wire.encode_int(count)]
-        self._reply(conn, Status.OK, reply)
+        self.reply(conn, Status.OK, reply)
 
     def _cmd_multi_set(self, conn: Connection, fields: list[bytes]) -> None:
         if len(fields) % 2:
             raise ProtocolError(f"MULTI_SET expects key/value pairs, got {len(fields)} fields")
         keys = [_wire.check_key_field(k) for k in fields[::2]]
         pairs = list(zip(keys, fields[1::2], strict=True))
-        self._reply(conn, Status.OK, [])
+        self.reply(conn, Status.OK, [])
         for key, value in pairs:
-            self._store(key, value)
+            self.store(key, value)

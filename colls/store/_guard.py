@@ -19,6 +19,7 @@ import heapq
 import itertools
 import logging
 import time
+from dataclasses import dataclass, field
 
 from colls import auth
 from colls.store import _wire
@@ -29,6 +30,7 @@ from colls.store._wire import Command, ProtocolError, Status
 logger = logging.getLogger("colls.store")
 
 
+@dataclass(eq=False)
 class Guard:
     """Half-open timeouts and authentication of one server's connections (module docstring).
 
@@ -43,23 +45,20 @@ class Guard:
         reply: the server's reply. drop: the server's drop.
     """
 
-    def __init__(self, address: str, token: bytes | None, handshake_s: float,
-                 half_open: list[tuple[float, int, Connection]],
-                 unestablished: dict[Connection, None], reply: Reply, drop: Drop) -> None:
-        self.token = token
-        self.handshake_s = handshake_s
-        self._address = address
-        self._half_open = half_open
-        self._unestablished = unestablished
-        self._reply = reply
-        self._drop = drop
-        self._sequence = itertools.count()
+    address: str
+    token: bytes | None
+    handshake_s: float
+    half_open: list[tuple[float, int, Connection]]
+    unestablished: dict[Connection, None]
+    reply: Reply
+    drop: Drop
+    _sequence: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     # ------------------------------------------------------------------------ half-open
     def arm(self, conn: Connection) -> None:
         """Give ``conn`` handshake_timeout seconds to establish itself or finish its frame."""
         conn.deadline = time.monotonic() + self.handshake_s
-        heapq.heappush(self._half_open, (conn.deadline, next(self._sequence), conn))
+        heapq.heappush(self.half_open, (conn.deadline, next(self._sequence), conn))
 
     def rearm(self, conn: Connection) -> None:
         """After its input was processed: clear the deadline, or start one for a frame left
@@ -75,20 +74,20 @@ class Guard:
     def expire(self) -> None:
         """Drop the connections whose handshake or half-sent frame ran out of time."""
         now = time.monotonic()
-        while self._half_open and self._half_open[0][0] <= now:
-            _, _, conn = heapq.heappop(self._half_open)
+        while self.half_open and self.half_open[0][0] <= now:
+            _, _, conn = heapq.heappop(self.half_open)
             if conn.closed or conn.deadline is None or conn.deadline > now:
                 continue
             what = "authenticate" if self.token and not conn.established else "send a frame"
-            self._drop(
+            self.drop(
                 conn, f"half-open: did not {what} within {self.handshake_s:.1f} s"
             )
 
     def next_deadline(self) -> float | None:
         """Return the earliest live half-open deadline, or None (stale entries go)."""
-        while self._half_open and self._half_open[0][2].deadline is None:
-            heapq.heappop(self._half_open)
-        return self._half_open[0][0] if self._half_open else None
+        while self.half_open and self.half_open[0][2].deadline is None:
+            heapq.heappop(self.half_open)
+        return self.half_open[0][0] if self.half_open else None
 
     # -------------------------------------------------------------------------- auth
     def admit(self, conn: Connection, command: int) -> bool:
@@ -110,13 +109,13 @@ class Guard:
         """Mark ``conn`` established: no handshake deadline, no longer counted against the cap."""
         conn.established = True
         conn.deadline = None
-        self._unestablished.pop(conn, None)
+        self.unestablished.pop(conn, None)
 
     def _refuse(self, conn: Connection, message: str) -> None:
         logger.warning("TCPStore %s: refused connection from %s: %s",
-                       self._address, conn.peer, message)
-        self._reply(conn, Status.ERROR, [message.encode("utf-8")])
-        self._drop(conn, None)
+                       self.address, conn.peer, message)
+        self.reply(conn, Status.ERROR, [message.encode("utf-8")])
+        self.drop(conn, None)
 
     def on_auth(self, conn: Connection, fields: list[bytes]) -> None:
         """AUTH: answer the client's nonce with this server's nonce and proof."""
@@ -129,7 +128,7 @@ class Guard:
         server_proof = auth.proof(
             self.token, auth.STORE_SERVER, conn.client_nonce, conn.server_nonce
         )
-        self._reply(conn, Status.OK, [conn.server_nonce, server_proof])
+        self.reply(conn, Status.OK, [conn.server_nonce, server_proof])
 
     def on_auth_proof(self, conn: Connection, fields: list[bytes]) -> None:
         """AUTH_PROOF: check the client's proof; establish the connection or refuse it."""
@@ -142,4 +141,4 @@ class Guard:
             return
         self._establish(conn)
         conn.reader.limit = _wire.MAX_PAYLOAD_BYTES
-        self._reply(conn, Status.OK, [])
+        self.reply(conn, Status.OK, [])
