@@ -28,7 +28,10 @@ if TYPE_CHECKING:
 #: Most bytes that unexpected messages (bodies plus matching.MESSAGE_OVERHEAD_BYTES each) may
 #: hold; a message that would pass it waits in the socket (:mod:`~colls_plugins.tcp._holds`) or
 #: in its ring like a large one. A few receives' worth of small messages, so latency-bound
-#: exchanges never stall on it.
+#: exchanges never stall on it. One thing passes it: a socket message from a host peer moves
+#: that peer's ring entries sent before it into the queue first (their order), so the queue may
+#: hold one ring's entries more per host peer: up to the ring's bytes of small messages, and the
+#: large messages that remote entries announce (host_peers.HostPeers.drain).
 MAX_UNEXPECTED_BYTES = 16 << 20
 
 #: What a matching step leaves to complete once the lock is released: each receive with its

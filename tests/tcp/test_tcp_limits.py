@@ -86,7 +86,10 @@ def test_a_flood_of_unreceived_sends_is_bounded_and_delivered_intact(group):
     sends = [a.isend(data[i], 1, 5) for i in range(count)]
     assert wait_until(lambda: unexpected_bytes(b) > MAX_UNEXPECTED_BYTES // 2)
     settle()
-    assert unexpected_bytes(b) <= MAX_UNEXPECTED_BYTES
+    # Ring entries that a socket message follows are queued before it whatever the budget
+    # (their order), so between ranks of one host one ring's bytes may come on top.
+    channel = b._engine._channel_for(0)
+    assert unexpected_bytes(b) <= MAX_UNEXPECTED_BYTES + (channel.ring_bytes if channel else 0)
     assert not sends[-1].is_completed()  # the stream waits in the sockets: the sender waits
     assert _rss_bytes() - before < data.nbytes // 2
     recvs = [b.irecv(received[i], 0, 5) for i in range(count)]

@@ -181,6 +181,8 @@ class Channel:
         # [0] its head to me, [1] what it consumed of mine; and the ring it writes
         self._in_ctrl, self._in = group.segments[peer].pair(me)
         self._ring_bytes = group.segments[me].ring_bytes
+        #: Bytes of the ring to this peer: the most its entries can hold.
+        self.ring_bytes = self._ring_bytes
         #: Largest message that goes through the ring: half of it.
         self.inline_max = self._ring_bytes // 2
         self._announced = group.announced_by(peer)  # whether to look at _in_ctrl at all
