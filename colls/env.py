@@ -209,8 +209,8 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "COLLS_FR_DUMP_DIR", _parse_str, "",
             "Flight recorder: the directory each rank writes its dump to "
-            "(colls_fr_trace_rank_<rank>) on a timeout, a dead peer, a mismatch, SIGUSR1 or "
-            "colls.debug.dump(); empty means colls-fr-<uid> in the temp directory (colls-run "
+            "(colls_fr_trace_rank_N for rank N) on a timeout, a dead peer, a mismatch, SIGUSR1 or "
+            "colls.debug.dump(); empty means colls-fr-UID in the temp directory (colls-run "
             "sets one per job). Read it with colls-frtrace DIR.",
         ),
         Setting(

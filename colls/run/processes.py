@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from types import FrameType, TracebackType
 from typing import IO, BinaryIO, Protocol
 
-from colls.run import forking
+from colls.run import forking, fr_dumps
 from colls.run.config import AUTH_TOKEN_VAR, STORE_PORT_VAR, LaunchConfig
 from colls.run.failures import (
     SIGNAL_EXIT_BASE,
@@ -129,6 +129,7 @@ def worker_env(
         MASTER_PORT=str(config.master_port),
         COLLS_ERROR_FILE=error_file,
     )
+    env.setdefault(fr_dumps.DUMP_DIR_VAR, fr_dumps.job_dump_dir())  # flight recorder dumps
     if config.auth_token:
         env.setdefault(AUTH_TOKEN_VAR, config.auth_token)
     if config.store_port == 0:
@@ -460,6 +461,7 @@ def _supervise(group: WorkerGroup, signals: SignalCatcher | None) -> int:
             group.finish_output()  # the report comes after the workers' last lines
             others = [group.outcome(w) for w in group.workers if w.rank != first.rank]
             _print_report(format_root_cause(first, others))
+            _print_report(fr_dumps.report(fr_dumps.job_dump_dir()))
             return exit_code_for(first.returncode) or 1
         if not group.running():
             return 0

@@ -94,6 +94,8 @@ def test_rank_calling_broadcast_where_the_other_calls_all_reduce(dumps):
     directory, launched = dumps("mismatch", 2)
     assert launched.returncode != 0
     assert _ranks_dumped(directory) == {0, 1}
+    assert (f"colls-run: flight recorder dumps of ranks 0, 1 are in {directory}\n"
+            f"colls-run: read them with: colls-frtrace {directory}\n") in launched.stderr
     first = frtrace(directory).splitlines()[0]
     assert first.startswith(
         "rank 1 never entered all_reduce #3 of group 0 (the world); it called broadcast #3 "
@@ -172,6 +174,19 @@ def test_soak_of_100k_calls_keeps_the_ring_and_memory_bounded():
     kept, limit, grown = map(int, done.stdout.split())
     assert kept == limit == 2000
     assert grown < 100_000, f"memory grew by {grown} bytes over 100k calls"
+
+
+@pytest.mark.timeout(300)
+def test_colls_run_gives_each_job_a_dump_directory_and_says_where(tmp_path):
+    launched = subprocess.run(
+        [sys.executable, "-m", "colls.run", "--nproc-per-node", "2", SCENARIOS, "mismatch"],
+        env=_env(TMPDIR=str(tmp_path)), capture_output=True, text=True,
+        timeout=LAUNCH_TIMEOUT_S)
+    assert launched.returncode != 0
+    line = next(ln for ln in launched.stderr.splitlines() if "flight recorder dumps" in ln)
+    directory = line.rsplit(" are in ", 1)[1]
+    assert directory.startswith(str(tmp_path / f"colls-fr-{os.getuid()}" / "job-"))
+    assert _ranks_dumped(directory) == {0, 1}
 
 
 @pytest.mark.timeout(120)
