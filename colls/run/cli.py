@@ -50,6 +50,16 @@ def _count(flag: str, hint: str = "") -> Callable[[str], int]:
     return parse
 
 
+def _pet(dest: str, default: object) -> object:
+    """Return the default of flag ``dest``: ``$PET_<DEST>`` if set, as torchrun reads it.
+
+    Kubeflow's Trainer v2 and JobSet pass torchrun's arguments as these variables. A string
+    default is parsed by the flag's type, as a value given on the command line would be.
+    """
+    value = os.environ.get(f"PET_{dest.upper()}", "").strip()
+    return value if value else default
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of colls-run (torchrun's spelling of every flag it shares)."""
     parser = argparse.ArgumentParser(
@@ -61,27 +71,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", metavar="N",
-        type=_count("nproc-per-node", " (torchrun's auto/cpu/gpu are not supported)"), default=1,
-        help="workers to start on this node (default: 1)",
+        type=_count("nproc-per-node", " (torchrun's auto/cpu/gpu are not supported)"),
+        default=_pet("nproc_per_node", 1),
+        help="workers to start on this node (default: $PET_NPROC_PER_NODE, else 1)",
     )
     parser.add_argument(
-        "--nnodes", metavar="N", default=1,
+        "--nnodes", metavar="N", default=_pet("nnodes", 1),
         type=_count("nnodes", " (elastic ranges such as 1:4 are not supported)"),
-        help="nodes in the job (default: 1)",
+        help="nodes in the job (default: $PET_NNODES, else 1)",
     )
     parser.add_argument(
-        "--node-rank", "--node_rank", dest="node_rank", metavar="R", type=int, default=0,
-        help="rank of this node, 0 <= R < nnodes (default: 0)",
+        "--node-rank", "--node_rank", dest="node_rank", metavar="R", type=int,
+        default=_pet("node_rank", 0),
+        help="rank of this node, 0 <= R < nnodes (default: $PET_NODE_RANK, else 0)",
     )
     parser.add_argument(
         "--master-addr", "--master_addr", dest="master_addr", metavar="HOST",
-        default="127.0.0.1", help="address of the node running rank 0 (default: 127.0.0.1)",
+        default=_pet("master_addr", "127.0.0.1"),
+        help="address of the node running rank 0 (default: $PET_MASTER_ADDR, else 127.0.0.1)",
     )
     parser.add_argument(
         "--master-port", "--master_port", dest="master_port", metavar="PORT", type=int,
-        default=None,
-        help="port on the master address; default: a free port (single node only; required "
-        "with --nnodes > 1)",
+        default=_pet("master_port", None),
+        help="port on the master address; default: $PET_MASTER_PORT, else a free port (single "
+        "node only; required with --nnodes > 1)",
     )
     parser.add_argument(
         "--standalone", action="store_true",

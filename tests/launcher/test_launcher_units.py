@@ -72,6 +72,23 @@ def test_torchrun_spellings(script):
     assert config.world_size == 6 and config.global_rank(2) == 5
 
 
+def test_torchruns_pet_variables_are_the_flags_defaults(script, monkeypatch, capsys):
+    # Kubeflow's Trainer v2 / JobSet pass torchrun's arguments as PET_* variables.
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "3")
+    monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("PET_NODE_RANK", "1")
+    monkeypatch.setenv("PET_MASTER_ADDR", "localhost")
+    monkeypatch.setenv("PET_MASTER_PORT", "29517")
+    config = cli.parse_config([script])
+    assert (config.nproc_per_node, config.nnodes, config.node_rank, config.master_port) == (
+        3, 2, 1, 29517)
+    assert config.master_addr == "localhost"
+    flagged = cli.parse_config(["--nproc-per-node", "1", "--node-rank", "0", script])
+    assert (flagged.nproc_per_node, flagged.node_rank) == (1, 0)  # the command line wins
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")
+    assert "argument --nproc-per-node" in parse_error(capsys, script)
+
+
 def test_start_method_flag_then_environment_then_fork(script, monkeypatch, capsys):
     monkeypatch.delenv("COLLS_START_METHOD", raising=False)
     assert cli.parse_config(["--start-method", "exec", script]).start_method == "exec"
