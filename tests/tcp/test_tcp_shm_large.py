@@ -13,12 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import shm_large_workers as workers
-from _support import on_threads
-from tcp_helpers import WAIT
+from tcp_helpers import WAIT, make_group
 
 from colls.errors import BackendError, NetworkError
-from colls.options import BackendOptions
-from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
 from colls_plugins.tcp.backend import TcpBackend
 from colls_plugins.tcp.shm import remote as shm_remote
@@ -33,8 +30,6 @@ pytestmark = pytest.mark.skipif(
 
 MIB = 1 << 20
 REMOTE = pytest.mark.skipif(not shm_remote.available(), reason="no process_vm_readv here")
-#: Seconds the ranks on threads may take to set up.
-JOIN_S = 60.0
 
 
 # -- real processes ------------------------------------------------------------------------------
@@ -77,14 +72,7 @@ def pair(monkeypatch: pytest.MonkeyPatch, shm_path: bool):
 
     def make(n: int = 2) -> list[TcpBackend]:
         monkeypatch.setattr(shm_setup, "host_identity", lambda: "host0")
-        base = HashStore()
-
-        def create(rank: int) -> TcpBackend:
-            options = BackendOptions(timeout=30.0, group_name="large",
-                                     global_ranks=tuple(range(n)))
-            return TcpBackend(PrefixStore("large", base), rank, n, options)
-
-        made.extend(on_threads(create, n, JOIN_S))
+        made.extend(make_group(n, name="large"))
         return made[-n:]
 
     yield make

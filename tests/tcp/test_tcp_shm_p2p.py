@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 import shm_p2p_workers
 from _support import on_threads
-from tcp_helpers import WAIT
+from tcp_helpers import WAIT, make_group
 
 from colls.errors import BackendError, NetworkError
-from colls.options import BackendOptions
-from colls.store import HashStore, PrefixStore
 from colls.testing.spawn import spawn
 from colls_plugins.tcp._matching import MAX_UNEXPECTED_BYTES
 from colls_plugins.tcp.backend import TcpBackend
@@ -58,14 +56,8 @@ def hosts(monkeypatch: pytest.MonkeyPatch, shm_path: bool):
         monkeypatch.setattr(
             shm_setup, "host_identity",
             lambda: f"host{layout[int(threading.current_thread().name[4:])]}")
-        base, n = HashStore(), len(layout)
-
-        def create(rank: int) -> TcpBackend:
-            options = BackendOptions(timeout=30.0, group_name="p2p", global_ranks=tuple(range(n)))
-            return TcpBackend(PrefixStore("p2p", base), rank, n, options)
-
-        made.extend(on_threads(create, n, JOIN_S))
-        return made[-n:]
+        made.extend(make_group(len(layout), name="p2p"))
+        return made[-len(layout):]
 
     yield make
     for backend in made:
