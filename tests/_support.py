@@ -12,7 +12,8 @@ lives in the public :mod:`colls.testing` instead (``spawn``, ``free_port``, ``ru
 * :func:`one_process_world` - a default group of one process (this one) over a HashStore;
 * :func:`clear_launch_variables` - remove every variable a launcher or scheduler sets;
 * :func:`emulated_hosts` - emulated hosts on a bridge, or a skip saying what is missing;
-* :data:`needs_mpi` - a skip mark for tests that launch ``mpiexec``;
+* :data:`needs_mpi` - a skip mark for tests that launch ``mpiexec`` (:data:`TCP_AND_MPI`: both
+  backends as parameters);
 * :func:`op_of` / :func:`accepted_reductions` - every (dtype, reduction) pair the core accepts.
 """
 
@@ -48,6 +49,8 @@ LAUNCH_VARIABLES = (
 
 #: Skips a test that launches ``mpiexec`` where mpi4py or mpiexec is missing, saying which.
 needs_mpi = pytest.mark.skipif(mpi_missing() is not None, reason=str(mpi_missing()))
+#: ``backend`` values of a test that runs on tcp (spawned ranks) and on mpi (under mpiexec).
+TCP_AND_MPI = ["tcp", pytest.param("mpi", marks=needs_mpi)]
 
 
 # ------------------------------------------------------------------------------ reductions

@@ -10,7 +10,7 @@ which spreads the news through the store). Bad values are refused before any com
 from __future__ import annotations
 
 import pytest
-from _support import needs_mpi
+from _support import TCP_AND_MPI
 from barrier_workers import LATE_S, SHORT_S, per_call_timeouts
 
 from colls.testing import spawn
@@ -29,10 +29,7 @@ def _run(backend: str) -> list[dict]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("backend", [
-    "tcp",
-    pytest.param("mpi", marks=needs_mpi),
-])
+@pytest.mark.parametrize("backend", TCP_AND_MPI)
 def test_barrier_timeout_is_per_call(backend):
     results = _run(backend)
     for rank, found in enumerate(results):

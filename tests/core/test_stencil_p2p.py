@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 import stencil_workers as w
-from _support import needs_mpi
+from _support import TCP_AND_MPI
 
 from colls.testing import spawn
 from colls.testing.mpirun import run_mpi
 
 pytestmark = pytest.mark.timeout(120)
 
-BACKENDS = ["tcp", pytest.param("mpi", marks=needs_mpi)]
+BACKENDS = TCP_AND_MPI
 
 
 def _run(backend: str, fn: Callable[..., Any], n: int) -> list[Any]:

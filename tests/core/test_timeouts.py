@@ -10,7 +10,7 @@ the operation (it completes once rank 1 joins). monitored_barrier names the miss
 from __future__ import annotations
 
 import pytest
-from _support import needs_mpi
+from _support import TCP_AND_MPI, needs_mpi
 from fault_helpers import run_faulty
 from fault_workers import monitored, timeouts
 
@@ -28,10 +28,7 @@ def _run_timeouts(backend: str) -> dict:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", [
-    "tcp",
-    pytest.param("mpi", marks=needs_mpi),
-])
+@pytest.mark.parametrize("backend", TCP_AND_MPI)
 def test_group_timeout_and_wait_override_are_honoured(backend):
     found = _run_timeouts(backend)
     for op in ("all_reduce", "recv", "barrier"):
