@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 
 from colls import dtypes, fingerprint, flight_recorder
-from colls.flight_recorder import SITE_MASK, note_site
-
-assert SITE_MASK == 63, "_run's literal must follow colls.flight_recorder.SITE_MASK"
 from colls.dispatch import MAX_USER_TAG
 from colls.fingerprint import SEQUENCE_MASK, SIGNATURE_BITS
+from colls.flight_recorder import SITE_MASK, note_site
 from colls.process_group import ProcessGroup
 from colls.reduce_ops import RedOpType, ReduceSpec, resolve_op
 from colls.registry import REGISTRY
+
+assert SITE_MASK == 63, "_run's literal must follow colls.flight_recorder.SITE_MASK"
 
 #: Plans one group keeps before it starts over (a program with endless shapes).
 MAX_PLANS = 1024

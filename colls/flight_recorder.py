@@ -183,7 +183,7 @@ class Recorder:
 
 def _stack(depth: int) -> tuple[tuple[Any, int], ...]:
     """Return up to STACK_DEPTH (code, offset) pairs from ``depth`` frames above the caller."""
-    frames = []
+    frames: list[tuple[Any, int]] = []
     frame: Any = sys._getframe(depth + 1)
     while frame is not None and len(frames) < STACK_DEPTH:
         frames.append((frame.f_code, frame.f_lasti))
@@ -312,7 +312,7 @@ def _thread_stacks() -> tuple[dict[str, list[dict[str, Any]]], dict[Any, list[di
     now: dict[str, list[dict[str, Any]]] = {}
     running: dict[Any, list[dict[str, Any]]] = {}
     for ident, top in sys._current_frames().items():
-        pairs = []
+        pairs: list[tuple[Any, int]] = []
         health = None
         frame: Any = top
         while frame is not None and len(pairs) < 64:
@@ -332,7 +332,7 @@ def _thread_stacks() -> tuple[dict[str, list[dict[str, Any]]], dict[Any, list[di
 
 
 def _pairs_of(top: Any) -> list[tuple[Any, int]]:
-    pairs = []
+    pairs: list[tuple[Any, int]] = []
     frame = top
     while frame is not None and len(pairs) < 64:
         pairs.append((frame.f_code, frame.f_lasti))
@@ -365,7 +365,7 @@ def _entry_dict(rid: int, entry: Any, now_ns: int, running: dict[Any, list[dict[
     if type(entry) is tuple:
         group, seq, plan, created = entry
         op, sizes, pairs = plan.op, plan.fr_sizes, plan.site or ()
-        started, completed, p2p, peers = created, 0, None, None
+        started, completed, p2p, peers = created, 0, None, (0, None)
     else:
         group, seq, op, sizes, pairs, created, started, completed, p2p, peers = entry
     in_sizes, in_dtypes, out_sizes, out_dtypes = sizes
@@ -468,7 +468,11 @@ def dump(reason: str = "", directory: str | None = None) -> str | None:
     if RECORDER.ring is None or REGISTRY.world_rank < 0:
         return None
     folder = directory or dump_dir()
-    data = snapshot(reason)
+    try:
+        data = snapshot(reason)
+    except Exception:  # a dump runs on failure paths (a backend's thread): never add a failure
+        logger.exception("colls: the flight recorder dump failed")
+        return None
     path = os.path.join(folder, f"{FILE_PREFIX}{REGISTRY.world_rank}")
     try:
         os.makedirs(folder, exist_ok=True)

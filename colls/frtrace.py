@@ -197,7 +197,7 @@ class Job:
                 f"called {d.op} at {d.site}"
             )
             return d
-        sample = next(iter(have.values()), None)
+        sample: dict[str, Any] | None = next(iter(have.values()), None)
         d.op = _op(sample) if sample else "?"
         d.site = _frame_text(sample.get("frames", [])) if sample else ""
         if kind == MISSING:

@@ -185,7 +185,8 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     if group is None and group_dst is None:
         ready = fast.peer(tensor, dst, tag, writable=False)
         if ready is not None:  # the common case (colls._fast_path)
-            entry = None if ready[0].health.fr is None else fr.p2p_begin(*ready, "send", dst)
+            entry = (None if ready[0].health.fr is None
+                     else fr.p2p_begin(ready[0], "send", ready[1], dst))
             try:
                 ready[0].backend.send(ready[1], dst, tag)
             except NetworkError as exc:
@@ -208,7 +209,8 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     if group is None and group_src is None:
         ready = fast.peer(tensor, src, tag, writable=True)
         if ready is not None:  # the common case: in the default group the group rank is global
-            entry = None if ready[0].health.fr is None else fr.p2p_begin(*ready, "recv", src)
+            entry = (None if ready[0].health.fr is None
+                     else fr.p2p_begin(ready[0], "recv", ready[1], src))
             try:
                 sender = ready[0].backend.recv(ready[1], src, tag)
             except NetworkError as exc:
