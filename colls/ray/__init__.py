@@ -28,7 +28,8 @@ try:
     import ray
 except ImportError as _exc:  # pragma: no cover - the extra is not installed
     raise ImportError(
-        "colls.ray needs Ray (ray>=2.60): pip install 'colls[ray]'") from _exc
+        "colls.ray needs Ray (ray>=2.60): pip install -e '.[ray]' in a checkout of colls, or "
+        "pip install 'ray>=2.60'") from _exc
 
 
 #: The store actors this driver created, by group name: a non-detached actor lives while its
@@ -55,7 +56,7 @@ def _registry_function() -> Any:
         raise RuntimeError(
             f"colls.ray needs Ray >= {wanted}, whose ray.util.collective has "
             f"register_collective_backend; Ray {ray.__version__} is installed: "
-            f"pip install 'ray>={wanted}' (or 'colls[ray]')")
+            f"pip install 'ray>={wanted}' (or pip install -e '.[ray]' in a checkout of colls)")
     return register_collective_backend
 
 

@@ -26,7 +26,7 @@ _before: dict[str, Any] = {}
 @pytest.fixture(scope="module")
 def ray_cluster() -> Any:
     """Return the ray module with the tests' local cluster started (once for the folder)."""
-    ray = pytest.importorskip("ray", reason="needs ray (pip install 'colls[ray]')")
+    ray = pytest.importorskip("ray", reason="needs ray (pip install -e '.[ray]')")
     if not ray.is_initialized():
         import ray_actors
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="needs ray (pip install 'colls[ray]')")
+ray = pytest.importorskip("ray", reason="needs ray (pip install -e '.[ray]')")
 
 import ray_actors  # noqa: E402
 from ray_actors import LARGE, data  # noqa: E402

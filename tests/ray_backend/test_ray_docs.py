@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason="needs ray (pip install 'colls[ray]')")
+pytest.importorskip("ray", reason="needs ray (pip install -e '.[ray]')")
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ray.md"
 #: Far above what the example needs (a Ray cluster's start, two actors, one allreduce).

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="needs ray (pip install 'colls[ray]')")
+ray = pytest.importorskip("ray", reason="needs ray (pip install -e '.[ray]')")
 
 import ray_actors  # noqa: E402
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="needs ray (pip install 'colls[ray]')")
+ray = pytest.importorskip("ray", reason="needs ray (pip install -e '.[ray]')")
 pytest.importorskip("torch", reason="needs torch")
 import ray_actors  # noqa: E402
 
