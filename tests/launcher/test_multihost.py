@@ -93,10 +93,12 @@ def _start(cmd: list[str], env: dict[str, str], hosts: EmulatedHosts, index: int
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def _reports(out: Path, world_size: int) -> list[dict]:
-    found = sorted(out.glob("rank*.json"))
+def _reports(out: Path, world_size: int, prefix: str = "") -> list[dict]:
+    """Return the reports ``<prefix>rank<R>.json`` of every rank (torchrun's DDP worker names
+    its attempt: ``attempt0.``)."""
+    found = sorted(out.glob(f"{prefix}rank*.json"))
     assert len(found) == world_size, f"reports: {[p.name for p in found]}"
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
+    return [json.loads((out / f"{prefix}rank{r}.json").read_text()) for r in range(world_size)]
 
 
 def _colls_run(hosts: EmulatedHosts, per_host: int, out: Path,
@@ -211,7 +213,7 @@ def test_torchrun_ddp_over_two_hosts_matches_one_process(hosts, tmp_path):
         for i in range(2)
     ]
     _wait(procs, "torchrun, 2 hosts x 2")
-    reports = _reports(tmp_path, 4)
+    reports = _reports(tmp_path, 4, prefix="attempt0.")
     for report in reports:
         assert report["size"] == 4 and report["torch_backend"] == "colls"
         assert report["ddp"] == pytest.approx(report["expected"], rel=1e-12, abs=1e-12)

@@ -140,4 +140,5 @@ def test_record_names_a_colls_error_as_the_root_cause(tmp_path: Path) -> None:
     assert error_file is not None and error_file.group(1).endswith("/1/error.json"), root_cause
     assert ("colls.errors.CollsTimeoutError: tcp recv from rank 0 tag 0 did not complete "
             "within 5.0 s") in root_cause
-    assert "torch.distributed.DistBackendError: tcp recv from rank 0" in root_cause
+    assert ("torch.distributed.DistBackendError: [colls] Timed out waiting 5000ms for recv "
+            "operation to complete: tcp recv from rank 0") in root_cause
