@@ -524,9 +524,13 @@ def on_record(record: Any, store: Store) -> None:
 
     if RECORDER.ring is None or record.reporter == REGISTRY.world_rank:
         return
-    key = (record.kind, record.reporter, record.group, record.op)
-    why = ("requested by rank" if record.kind == "dump" else "after a failure on rank")
-    if dump_once(key, f"{why} {record.reporter}: {record.reason[:300]}") is None:
+    if record.kind == "dump":  # a request (colls.debug.dump): always answered
+        written = dump(f"requested by rank {record.reporter}: {record.reason[:300]}")
+    else:
+        key = (record.kind, record.reporter, record.group, record.op)
+        written = dump_once(key, f"after a failure on rank {record.reporter}: "
+                                 f"{record.reason[:300]}")
+    if written is None:
         return
     try:
         store.add(ACK_KEY.format(reporter=record.reporter), 1)

@@ -8,7 +8,8 @@ others fail and every rank that can dumps its flight recorder into COLLS_FR_DUMP
 * ``mismatch``: rank 1 of 2 calls broadcast where rank 0 calls all_reduce;
 * ``skip``: rank 3 of 4 skips one all_reduce of a loop of 1,000 and then calls barrier;
 * ``subgroup``: a subgroup [2, 3] of a world of 4: rank 3 never enters its last all_reduce
-  (it waits on a lock of its own), while the world's calls all completed.
+  (it waits on a lock of its own), while the world's calls all completed;
+* ``request``: no hang; rank 0 asks every rank to dump, and the job goes on.
 """
 
 from __future__ import annotations
@@ -75,7 +76,21 @@ def subgroup(rank: int, x: np.ndarray) -> None:
         time.sleep(STUCK_S)  # idle ranks: the world's calls are done
 
 
-SCENARIOS = {"gil": gil, "mismatch": mismatch, "skip": skip, "subgroup": subgroup}
+def request(rank: int, x: np.ndarray) -> None:
+    """No hang: rank 0 asks every rank to dump (colls.debug.dump(all_ranks=True))."""
+    import colls.debug
+
+    for _ in range(3):
+        colls.all_reduce(x)
+    colls.barrier()
+    if rank == 0:
+        colls.debug.dump(all_ranks=True)
+    time.sleep(2.0)  # the other ranks' watchers answer within milliseconds
+    colls.barrier()
+
+
+SCENARIOS = {"gil": gil, "mismatch": mismatch, "skip": skip, "subgroup": subgroup,
+             "request": request}
 
 
 def main() -> None:

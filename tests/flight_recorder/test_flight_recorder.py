@@ -138,6 +138,15 @@ def test_stuck_subgroup_while_the_world_is_fine(dumps):
     assert "missing ranks: {3}" in found
 
 
+@pytest.mark.timeout(300)
+def test_debug_dump_all_ranks_asks_every_rank_and_the_job_goes_on(dumps):
+    directory, launched = dumps("request", 3)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert _ranks_dumped(directory) == {0, 1, 2}
+    assert "requested by rank 0" in launched.stderr
+    assert frtrace(directory).splitlines()[0] == "no divergence: every rank's records agree"
+
+
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_env(**env),
                           capture_output=True, text=True, timeout=240)
