@@ -129,6 +129,20 @@ class Job:
         entries = self.dumps[rank]["entries"]
         return entries[-1] if entries else None
 
+    def progress(self, rank: int) -> dict[str, dict[str, str]]:
+        """Return rank ``rank``'s last started and last completed call of each group."""
+        out: dict[str, dict[str, str]] = {}
+        for entry in self.dumps[rank]["entries"]:
+            pg = str(entry["process_group"][0])
+            number = entry["p2p_seq_id"] if entry.get("is_p2p") else entry["collective_seq_id"]
+            text = f"{_op(entry)} #{number} at {_frame_text(entry.get('frames', []))}"
+            slot = out.setdefault(pg, {"started": "-", "completed": "-"})
+            if entry["state"] in ("started", "completed"):
+                slot["started"] = text
+            if entry["state"] == "completed":
+                slot["completed"] = text
+        return out
+
     def now(self, rank: int) -> list[dict[str, Any]]:
         threads = self.dumps[rank].get("colls", {}).get("threads", {})
         return threads.get("MainThread") or next(iter(threads.values()), [])
@@ -268,6 +282,7 @@ def analyze(directory: str) -> dict[str, Any]:
             str(r): {"last": job.seen(r),
                      "now": _frame_text(job.now(r), skip_stdlib=True) if job.now(r) else None,
                      "reason": dumps[r].get("colls", {}).get("reason", ""),
+                     "groups": job.progress(r),
                      "entries": len(dumps[r]["entries"])}
             for r in sorted(dumps)
         },
@@ -316,6 +331,20 @@ def render(report: dict[str, Any]) -> str:
     for rank, info in report.get("ranks", {}).items():
         now = f"; main thread at {info['now']}" if info.get("now") else ""
         lines.append(f"rank {rank}: last call {info['last']}{now}")
+    return "\n".join(lines)
+
+
+def render_live(report: dict[str, Any]) -> str:
+    """Return the live view: each rank's last started and completed call per group."""
+    lines = []
+    for rank, info in report.get("ranks", {}).items():
+        now = f" (main thread at {info['now']})" if info.get("now") else ""
+        lines.append(f"rank {rank}{now}:")
+        for pg, calls in sorted(info.get("groups", {}).items()):
+            lines.append(f"  group {pg}: last started {calls['started']}; "
+                         f"last completed {calls['completed']}")
+    if report.get("absent"):
+        lines.append(f"no answer from rank {_ranks(report['absent'])} (busy holding the GIL?)")
     return "\n".join(lines)
 
 

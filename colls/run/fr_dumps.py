@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from typing import Any
 
 #: The variable the workers read (colls.env's COLLS_FR_DUMP_DIR).
 DUMP_DIR_VAR = "COLLS_FR_DUMP_DIR"
@@ -51,3 +52,36 @@ def report(directory: str) -> str:
     listed = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
     return (f"colls-run: flight recorder dumps of {listed} are in {directory}\n"
             f"colls-run: read them with: colls-frtrace {directory}\n")
+
+
+#: Seconds colls-run waits for the ranks' answers to a live request before it reads the dumps.
+LIVE_WAIT_S = 1.5
+
+
+def request_dumps(host: str, port: int, auth_token: str) -> None:
+    """Ask every rank of the job to dump now: a ``dump`` record in the job's store, which each
+    rank's health watcher thread answers (colls.health, colls.flight_recorder)."""
+    from colls.health import DUMP, RECORD_KEY, FailureRecord
+    from colls.store.tcp import TCPStore
+
+    store = TCPStore(host, port, is_master=False, timeout=10.0,
+                     auth_token=auth_token or None, hosted_by="colls-run")
+    try:
+        payload = FailureRecord(kind=DUMP, reporter=-1, reason="colls-run got SIGUSR1").encode()
+        for index in range(100_000):
+            if store.compare_set(RECORD_KEY.format(index=index), b"", payload) == payload:
+                return
+    finally:
+        store.close()
+
+
+def live_view(host: str, port: int, auth_token: str, directory: str) -> str:
+    """Ask every rank to dump, wait for them, and return each rank's last started and
+    completed call per group (the job goes on)."""
+    from colls import frtrace
+
+    request_dumps(host, port, auth_token)
+    time.sleep(LIVE_WAIT_S)
+    report: dict[str, Any] = frtrace.analyze(directory)
+    return ("colls-run: live view of the flight recorders (SIGUSR1):\n"
+            + frtrace.render_live(report) + "\n" + f"colls-run: the dumps are in {directory}\n")

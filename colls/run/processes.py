@@ -58,6 +58,8 @@ WORKER_MODULE = "colls.run._worker"
 
 #: Signals the launcher forwards to the workers before stopping them.
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Signals that ask for a live view of the ranks' flight recorders; the job goes on.
+LIVE_VIEW_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR1", None),) if s is not None)
 
 #: Exit codes of a worker that cannot be started, as a shell reports them.
 EXIT_NOT_FOUND = 127
@@ -405,7 +407,7 @@ class SignalCatcher:
 
     def __enter__(self) -> SignalCatcher:
         if threading.current_thread() is threading.main_thread():
-            for signum in FORWARDED_SIGNALS:
+            for signum in (*FORWARDED_SIGNALS, *LIVE_VIEW_SIGNALS):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -448,6 +450,9 @@ def _supervise(group: WorkerGroup, signals: SignalCatcher | None) -> int:
     hurry = signals.pending if signals is not None else (lambda: False)
     while True:
         signum = signals.take() if signals is not None else None
+        if signum in LIVE_VIEW_SIGNALS:
+            _live_view(group.config)
+            continue
         if signum is not None:
             group.stop(signum, STOP_GRACE_S, hurry)
             group.finish_output()
@@ -466,6 +471,18 @@ def _supervise(group: WorkerGroup, signals: SignalCatcher | None) -> int:
         if not group.running():
             return 0
         time.sleep(POLL_INTERVAL_S)
+
+
+def _live_view(config: LaunchConfig) -> None:
+    """Print each rank's last started and completed call per group (colls-run got SIGUSR1)."""
+    port = config.store_port or config.master_port
+    try:
+        text = fr_dumps.live_view(config.master_addr, port,
+                                  os.environ.get(AUTH_TOKEN_VAR) or config.auth_token,
+                                  fr_dumps.job_dump_dir())
+    except Exception as exc:  # a view on request: the job goes on whatever happens here
+        text = f"colls-run: no live view of the flight recorders: {type(exc).__name__}: {exc}\n"
+    _print_report(text)
 
 
 def _print_report(text: str) -> None:

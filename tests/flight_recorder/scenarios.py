@@ -9,7 +9,8 @@ others fail and every rank that can dumps its flight recorder into COLLS_FR_DUMP
 * ``skip``: rank 3 of 4 skips one all_reduce of a loop of 1,000 and then calls barrier;
 * ``subgroup``: a subgroup [2, 3] of a world of 4: rank 3 never enters its last all_reduce
   (it waits on a lock of its own), while the world's calls all completed;
-* ``request``: no hang; rank 0 asks every rank to dump, and the job goes on.
+* ``request``: no hang; rank 0 asks every rank to dump, and the job goes on;
+* ``live``: no hang; 8 s of all_reduce while colls-run is asked for a live view.
 """
 
 from __future__ import annotations
@@ -89,8 +90,16 @@ def request(rank: int, x: np.ndarray) -> None:
     colls.barrier()
 
 
+def live(rank: int, x: np.ndarray) -> None:
+    """No hang: 8 s of all_reduce, for a live view (colls-run gets SIGUSR1 meanwhile)."""
+    for _ in range(800):  # about 8 s
+        colls.all_reduce(x)
+        time.sleep(0.01)
+    colls.barrier()
+
+
 SCENARIOS = {"gil": gil, "mismatch": mismatch, "skip": skip, "subgroup": subgroup,
-             "request": request}
+             "request": request, "live": live}
 
 
 def main() -> None:

@@ -147,6 +147,27 @@ def test_debug_dump_all_ranks_asks_every_rank_and_the_job_goes_on(dumps):
     assert frtrace(directory).splitlines()[0] == "no divergence: every rank's records agree"
 
 
+@pytest.mark.timeout(300)
+def test_colls_run_shows_a_live_view_on_sigusr1_and_the_job_goes_on(tmp_path):
+    import signal
+    import time
+
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "colls.run", "--nproc-per-node", "2", SCENARIOS, "live"],
+        env=_env(COLLS_FR_DUMP_DIR=str(tmp_path)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)  # the workers are in their loop of all_reduce by then
+    launcher.send_signal(signal.SIGUSR1)
+    _out, err = launcher.communicate(timeout=LAUNCH_TIMEOUT_S)
+    assert launcher.returncode == 0, err[-3000:]
+    assert "colls-run: live view of the flight recorders (SIGUSR1):" in err, err[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} (main thread at scenarios.py:" in err
+    assert "  group 0: last started all_reduce #" in err
+    assert "; last completed all_reduce #" in err
+    assert _ranks_dumped(str(tmp_path)) == {0, 1}
+
+
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_env(**env),
                           capture_output=True, text=True, timeout=240)
