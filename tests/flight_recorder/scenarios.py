@@ -8,9 +8,7 @@ others fail and every rank that can dumps its flight recorder into COLLS_FR_DUMP
 * ``mismatch``: rank 1 of 2 calls broadcast where rank 0 calls all_reduce;
 * ``skip``: rank 3 of 4 skips one all_reduce of a loop of 1,000 and then calls barrier;
 * ``subgroup``: a subgroup [2, 3] of a world of 4: rank 3 never enters its last all_reduce
-  (it waits on a lock of its own), while the world's calls all completed;
-* ``request``: no hang; rank 0 asks every rank to dump, and the job goes on;
-* ``live``: no hang; 8 s of all_reduce while colls-run is asked for a live view.
+  (it waits on a lock of its own), while the world's calls all completed.
 """
 
 from __future__ import annotations
