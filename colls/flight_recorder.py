@@ -56,8 +56,9 @@ logger = logging.getLogger("colls.flight_recorder")
 TORCH_FORMAT_VERSION = "2.10"
 #: File name of a rank's dump, before the rank (torch's analyzer infers the rank from the digits).
 FILE_PREFIX = "colls_fr_trace_rank_"
-#: Frames of the call site kept by a general-path call or a sampled fast-path site.
-STACK_DEPTH = 8
+#: Frames of the call site kept by a general-path call or a sampled fast-path site (colls',
+#: colls_torch's and torch.distributed's own frames among them, left out when dumped).
+STACK_DEPTH = 12
 #: The fast path notes the call site of one call in this many of a group (a power of two).
 SITE_SAMPLE = 64
 SITE_MASK = SITE_SAMPLE - 1
@@ -342,8 +343,13 @@ def _pairs_of(top: Any) -> list[tuple[Any, int]]:
 
 def _is_internal(filename: str) -> bool:
     path = os.path.abspath(filename)
-    return path.startswith(_COLLS_DIRS) or f"{os.sep}colls_torch{os.sep}" in path or \
-        f"{os.sep}colls_jax{os.sep}" in path
+    return path.startswith(_COLLS_DIRS) or any(part in path for part in _ADAPTER_PARTS)
+
+
+#: Path parts of the adapters' code and of torch.distributed (which the c10d backend is called
+#: through): not the user's call site.
+_ADAPTER_PARTS = tuple(os.sep.join(("", *parts, "")) for parts in (
+    ("colls_torch",), ("colls_jax",), ("torch", "distributed")))
 
 
 # -- dumping --------------------------------------------------------------------------------------

@@ -258,3 +258,28 @@ def test_debug_dump_and_sigusr1_write_torch_format(tmp_path):
     assert first["input_dtypes"] == ["float32"] and first["timeout_ms"] > 0
     assert data["entries"][2]["time_discovered_completed_ns"] >= first["time_created_ns"]
     assert frtrace(str(tmp_path)).splitlines()[0] == "no divergence: every rank's records agree"
+
+
+@pytest.mark.timeout(180)
+def test_colls_torch_and_the_c10d_backend_record_into_the_same_ring(tmp_path):
+    pytest.importorskip("torch")
+    from colls.testing.spawn import free_port
+
+    done = _python(f"""
+    import os, pickle
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}", RANK="0",
+                      WORLD_SIZE="1")
+    import torch, colls_torch as dist, colls.debug
+    dist.init_process_group("gloo")
+    t = torch.ones(3)
+    def train_step():
+        dist.all_reduce(t)
+    train_step()
+    torch.distributed.all_reduce(t)  # torch's API, through the colls c10d backend
+    with open(colls.debug.dump(), "rb") as f:
+        entries = pickle.load(f)["entries"]
+    print([(e["profiling_name"], e["input_sizes"], e["frames"][0]["name"]) for e in entries])
+    """, COLLS_FR_DUMP_DIR=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "[('gloo:all_reduce', [[3]], 'train_step'), ('gloo:all_reduce', [[3]], '<module>')]")
