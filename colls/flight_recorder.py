@@ -121,12 +121,14 @@ class GroupRecord:
                  "name", "__weakref__")
 
     def __init__(self, pg: ProcessGroup, health: Any) -> None:
-        self.name = pg.name
-        world = pg.name == "default_pg"
-        self.pg_id = "0" if world else pg.name
+        self.name = str(pg.name)
+        world = self.name == "default_pg"
+        self.pg_id = "0" if world else self.name
         self.desc = "default_pg" if world else "undefined"
-        self.ranks = tuple(pg.global_ranks)
-        self.timeout_ms = int(pg.timeout * 1000) if pg.timeout else 0
+        # A stand-in group (colls.health's unit tests) may lack the members and the timeout.
+        self.ranks = tuple(getattr(pg, "global_ranks", ()))
+        timeout = getattr(pg, "timeout", None)
+        self.timeout_ms = int(timeout * 1000) if timeout else 0
         self.health = health
         #: Sequence numbers of this group's collectives that failed (they count as not completed).
         self.failed: set[int] = set()

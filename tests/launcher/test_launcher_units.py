@@ -225,12 +225,15 @@ def test_worker_env_exports_the_store_port_and_drops_an_outer_jobs():
 
 
 def test_worker_env_sets_ranks_and_keeps_the_rest():
+    from colls.run.fr_dumps import job_dump_dir
+
     config = LaunchConfig("a.py", nproc_per_node=4, nnodes=3, node_rank=2, master_port=4000)
     env = worker_env(config, 3, "/tmp/e.json", base={"KEEP": "1"})
     assert env == {
         "KEEP": "1", "RANK": "11", "LOCAL_RANK": "3", "WORLD_SIZE": "12",
         "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2", "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "4000", "COLLS_ERROR_FILE": "/tmp/e.json", "OMP_NUM_THREADS": "1",
+        "COLLS_FR_DUMP_DIR": job_dump_dir(),  # the job's flight recorder dumps
     }
     single = worker_env(LaunchConfig("a.py", master_port=4000), 0, "/e", base={})
     assert "OMP_NUM_THREADS" not in single  # as torchrun: only with several workers per node
