@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from colls import env
@@ -211,17 +212,21 @@ RECORDER = Recorder()
 def p2p_begin(pg: ProcessGroup, op: str, array: Any, peer: int | None) -> list[Any] | None:
     """Note point-to-point ``op`` ("send", "recv", "isend", "irecv") of ``array`` with group
     rank ``peer`` on ``pg``, called from a public function; return its entry, or None when the
-    recorder is off. The caller marks it completed (:func:`p2p_done`)."""
+    recorder is off. The caller marks it completed (:func:`p2p_done`, :func:`p2p_work`).
+
+    A halo exchange makes thousands of these a second, so the entry keeps only what is at hand
+    (the shape tuple and dtype object, turned into torch's lists at dump time), and its call
+    site is sampled as the fast path's is: every :data:`SITE_SAMPLE`-th message of the group.
+    """
     group = pg.health.fr
     if group is None:
         return None
-    shape = [list(getattr(array, "shape", ()))]
-    dtype = [str(getattr(array, "dtype", "?"))]
-    empty: list[Any] = []
-    sizes = (shape, dtype, empty, empty) if "send" in op else (empty, empty, shape, dtype)
-    entry = RECORDER.begin(group, 0, op, sizes, 1, group.next_p2p())
-    entry[6] = entry[5]
-    entry[9] = (pg.rank, peer)
+    p2p = group.next_p2p()
+    created = time.time_ns()
+    site = _stack(1) if not p2p & SITE_MASK else ()
+    entry = [group, 0, op, (array.shape, array.dtype), site, created, created, 0, p2p,
+             (pg.rank, peer)]
+    RECORDER.ring.append(entry)  # type: ignore[union-attr]
     return entry
 
 
@@ -232,12 +237,35 @@ def p2p_done(entry: list[Any] | None) -> None:
 
 
 def p2p_work(entry: list[Any] | None, work: Any) -> Any:
-    """Mark ``entry`` completed when ``work`` (an isend/irecv's Work) completes; return work."""
+    """Note on ``entry`` the Work of an isend/irecv; return the Work.
+
+    A dump asks the Work whether it completed (a callback on every Work made each one build
+    its condition variable: a send and a receive cost 13 µs more). A weak reference: the ring
+    must not keep the caller's arrays alive.
+    """
     if entry is not None and work is not None:
-        add = getattr(work, "add_done_callback", None)
-        if add is not None:
-            add(lambda _work: p2p_done(entry))
+        entry[7] = weakref.ref(work)
     return work
+
+
+def _p2p_completed(mark: Any) -> int:
+    """Return when a point-to-point entry completed, as far as a dump can tell: 0 not yet, -1
+    completed at a time nobody noted.
+
+    ``mark`` is a time, or a weak reference to the entry's Work: a Work that completed, or
+    that nobody holds any more, counts as completed.
+    """
+    if not isinstance(mark, weakref.ref):
+        return int(mark)
+    work = mark()
+    return -1 if work is None or work.is_completed() else 0
+
+
+def _p2p_sizes(op: str, shape_dtype: tuple[Any, Any]) -> tuple[list, list, list, list]:
+    """Return torch's (input sizes, input dtypes, output sizes, output dtypes) of a message."""
+    shape, dtype = shape_dtype
+    sizes, dtypes = [list(shape)], [str(dtype)]
+    return (sizes, dtypes, [], []) if "send" in op else ([], [], sizes, dtypes)
 
 
 def array_sizes(arrays: list[tuple[str, tuple[int, ...], str]]) -> tuple[list, list, list, list]:
@@ -376,6 +404,8 @@ def _entry_dict(rid: int, entry: Any, now_ns: int, running: dict[Any, list[dict[
         started, completed, p2p, peers = created, 0, None, (0, None)
     else:
         group, seq, op, sizes, pairs, created, started, completed, p2p, peers = entry
+        if p2p is not None:
+            sizes, completed = _p2p_sizes(op, sizes), _p2p_completed(completed)
     in_sizes, in_dtypes, out_sizes, out_dtypes = sizes
     name = torch_op(op)
     profiling = f"gloo:{name}"
@@ -401,7 +431,7 @@ def _entry_dict(rid: int, entry: Any, now_ns: int, running: dict[Any, list[dict[
         "colls_op": op,
         "time_created_ns": created,
         "time_discovered_started_ns": started or None,
-        "time_discovered_completed_ns": completed or None,
+        "time_discovered_completed_ns": completed if completed > 0 else None,
         "duration_ms": None,
         "input_sizes": in_sizes,
         "input_dtypes": in_dtypes,

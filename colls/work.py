@@ -46,7 +46,8 @@ class Work:
         default_timeout: seconds ``wait()`` waits when given no timeout (``None``: forever).
     """
 
-    __slots__ = ("_future", "description", "default_timeout", "_fence")
+    # __weakref__: the flight recorder keeps a weak reference to a point-to-point call's Work.
+    __slots__ = ("_future", "description", "default_timeout", "_fence", "__weakref__")
 
     def __init__(
         self,
