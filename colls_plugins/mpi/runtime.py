@@ -13,6 +13,7 @@ backend's progress thread at the same time as from the caller's.
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from typing import Any, Final
@@ -146,7 +147,14 @@ def abort_on_uncaught_exception(MPI: Any) -> None:
                     "other ranks stop too\n"
                 )
                 sys.stderr.flush()
-                world.Abort(1)
+                if sys.stderr is sys.__stderr__:
+                    world.Abort(1)
+                else:
+                    # An outer hook captured stderr (torch.distributed's, to prefix each line
+                    # with the rank) and prints it only once this hook has returned: abort at
+                    # exit instead, which comes next, before MPI_Finalize could wait for the
+                    # other ranks (atexit runs the handler registered last first).
+                    atexit.register(world.Abort, 1)
 
     sys.excepthook = abort_hook
 

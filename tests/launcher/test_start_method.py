@@ -386,6 +386,9 @@ def test_child_whose_own_setup_fails_exits_1_with_the_reason():
 
 def test_fork_applies_only_where_it_is_safe(monkeypatch):
     monkeypatch.setattr(forking.atexit, "_ncallbacks", lambda: 0)  # pytest registers its own
+    # The suite's in-process tests before this one may leave threads (jax's, torch's).
+    real_active_count = threading.active_count
+    monkeypatch.setattr(forking.threading, "active_count", lambda: 1)
     monkeypatch.delenv("PYTHON_EXEC", raising=False)
     assert forking.use_fork(LaunchConfig("a.py"))
     assert not forking.use_fork(LaunchConfig("a.py", start_method="exec"))
@@ -393,6 +396,7 @@ def test_fork_applies_only_where_it_is_safe(monkeypatch):
     monkeypatch.setenv("PYTHON_EXEC", "/opt/python")  # another interpreter: exec it
     assert not forking.use_fork(LaunchConfig("a.py"))
     monkeypatch.delenv("PYTHON_EXEC")
+    monkeypatch.setattr(forking.threading, "active_count", real_active_count)
     release = threading.Event()
     thread = threading.Thread(target=release.wait, args=(30,))
     thread.start()
