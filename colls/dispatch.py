@@ -153,18 +153,6 @@ def check_tag(tag: Any, *, op: str) -> int:
 # -- arrays -------------------------------------------------------------------------------------
 
 
-def check_device(pg: ProcessGroup, obj: Any, *, arg: str, op: str) -> None:
-    """Refuse an array on a device the group's backend does not serve (``Backend.devices``).
-
-    Runs before the array is imported, so a CUDA array is refused by a CPU backend without
-    CuPy being needed, and before any byte moves.
-
-    Raises:
-        TypeError: ``obj`` lives on a device missing from ``pg.backend.devices``.
-    """
-    _check_served(pg, buffers.device_of(obj), obj, arg=arg, op=op)
-
-
 def _check_served(pg: ProcessGroup, device: str | None, obj: Any, *, arg: str, op: str) -> None:
     served = pg.backend.devices
     if device is None or device in served:

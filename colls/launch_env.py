@@ -259,12 +259,7 @@ def scheduler_rank(environ: Mapping[str, str] | None = None) -> tuple[int, str] 
     Trainer v2 / JobSet: ``PET_NODE_RANK`` (the pod's index) when ``PET_NPROC_PER_NODE`` is 1
     (one process per pod, started without torchrun); else the JAX runtime's JAX_PROCESS_ID.
     """
-    env = os.environ if environ is None else environ
-    node = _int_variable(PET_NODE_RANK, env)
-    if node is not None and _pet_processes_per_node(env) == 1:
-        return node, PET_NODE_RANK
-    jax_id = _int_variable(JAX_PROCESS_ID, env)
-    return None if jax_id is None else (jax_id, JAX_PROCESS_ID)
+    return _pet_else_jax(PET_NODE_RANK, JAX_PROCESS_ID, environ)
 
 
 def scheduler_world_size(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
@@ -273,12 +268,18 @@ def scheduler_world_size(environ: Mapping[str, str] | None = None) -> tuple[int,
     Trainer v2 / JobSet: ``PET_NNODES`` (pods) when ``PET_NPROC_PER_NODE`` is 1; else the JAX
     runtime's JAX_NUM_PROCESSES.
     """
+    return _pet_else_jax(PET_NNODES, JAX_NUM_PROCESSES, environ)
+
+
+def _pet_else_jax(pet: str, jax: str, environ: Mapping[str, str] | None
+                  ) -> tuple[int, str] | None:
+    """Return variable ``pet`` (with one process per pod) or else ``jax``, with its name."""
     env = os.environ if environ is None else environ
-    nodes = _int_variable(PET_NNODES, env)
-    if nodes is not None and _pet_processes_per_node(env) == 1:
-        return nodes, PET_NNODES
-    count = _int_variable(JAX_NUM_PROCESSES, env)
-    return None if count is None else (count, JAX_NUM_PROCESSES)
+    value = _int_variable(pet, env)
+    if value is not None and _pet_processes_per_node(env) == 1:
+        return value, pet
+    value = _int_variable(jax, env)
+    return None if value is None else (value, jax)
 
 
 def scheduler_master_addr(environ: Mapping[str, str] | None = None) -> str | None:
