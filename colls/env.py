@@ -202,6 +202,18 @@ SETTINGS: dict[str, Setting] = {
             "traceback of an uncaught exception, for the launcher's root-cause report.",
         ),
         Setting(
+            "COLLS_JOIN", _parse_bool, False,
+            "1 makes init_process_group join a running job as a new rank instead of starting "
+            "one: it waits until the members call colls.grow_group, which numbers it after "
+            "them (colls-run --on-failure replace sets it for a replacement; "
+            "see docs/reliability.md).",
+        ),
+        Setting(
+            "COLLS_INCARNATION", _parse_non_negative_int, 0,
+            "Set by colls-run --on-failure replace: 0 for a slot's first process, n for its "
+            "n-th replacement (informational; colls itself does not read it).",
+        ),
+        Setting(
             "COLLS_FR_BUFFER_SIZE", _parse_non_negative_int, 2000,
             "Flight recorder: how many recent calls (of every group) each process keeps for "
             "its dumps; 0 turns the recorder off. Read when the process makes its first group.",
