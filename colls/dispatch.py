@@ -65,7 +65,10 @@ def resolve_group(group: Any) -> ProcessGroup | None:
         return None
     if isinstance(group, ProcessGroup):
         if group.destroyed:
-            raise ValueError(f"process group {group.name!r} has been destroyed")
+            raise ValueError(
+                f"process group {group.name!r} has been "
+                f"{group.destroyed_because or 'destroyed'}"
+            )
         return group
     raise TypeError(
         f"group must be a colls ProcessGroup, group.WORLD, GroupMember.NON_GROUP_MEMBER or None, "

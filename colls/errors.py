@@ -9,6 +9,7 @@ hierarchy flat and meaningful:
 
 * :class:`BackendError`  - a transport failed (peer died, protocol violation, group broken).
 * :class:`NetworkError`  - a socket-level failure; names the peer rank and address.
+* :class:`PeerFailedError` - a group broke because peers died; carries their world ranks.
 * :class:`StoreError`    - a key-value store failure; names the keys.
 * :class:`CollsTimeoutError` - a blocking call ran past its timeout (also a ``TimeoutError``).
 * :class:`RendezvousError` - init_method / env variables could not be turned into a store.
@@ -28,6 +29,23 @@ class BackendError(CollsError):
 
 class NetworkError(BackendError):
     """A socket-level failure talking to a peer or a store server."""
+
+
+class PeerFailedError(BackendError):
+    """A call failed because peers of its group died (or were cut off).
+
+    Attributes:
+        failed_ranks: the world ranks this process knows to be dead when it raised (sorted
+            tuple). Each survivor knows only what it saw; :func:`colls.shrink_group` agrees on
+            one set for all of them.
+    """
+
+    def __init__(self, message: str, failed_ranks: tuple[int, ...] | frozenset[int] = ()) -> None:
+        super().__init__(message)
+        self.failed_ranks: tuple[int, ...] = tuple(sorted(failed_ranks))
+
+    def __reduce__(self) -> tuple[type, tuple[str, tuple[int, ...]]]:
+        return (type(self), (str(self), self.failed_ranks))
 
 
 class StoreError(CollsError):
@@ -56,6 +74,7 @@ __all__ = [
     "CollsError",
     "CollsTimeoutError",
     "NetworkError",
+    "PeerFailedError",
     "RendezvousError",
     "StoreError",
     "StoreTimeoutError",

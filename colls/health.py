@@ -39,7 +39,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from colls import env, flight_recorder
-from colls.errors import BackendError, NetworkError, StoreError, StoreTimeoutError
+from colls.errors import (
+    BackendError,
+    NetworkError,
+    PeerFailedError,
+    StoreError,
+    StoreTimeoutError,
+)
 from colls.fingerprint import CollectiveMismatchError, shown_number
 from colls.store.base import INTERNAL_KEY_PREFIX, innermost
 from colls.store.file import FileStore
@@ -94,6 +100,9 @@ class FailureRecord:
         dead: world rank that died, when known (it breaks every group containing it).
         op: the operation, e.g. ``all_reduce #5``.
         reason: what happened, for the error message.
+        generation: the world generation the record is about (:attr:`ProcessGroup.generation`):
+            each shrink or grow of the default group renumbers the world, so a record of an
+            earlier world must not break the groups of a later one.
     """
 
     kind: str
@@ -102,6 +111,7 @@ class FailureRecord:
     dead: int | None = None
     op: str = ""
     reason: str = ""
+    generation: int = 0
 
     def encode(self) -> bytes:
         """Return the record as JSON bytes."""
@@ -350,6 +360,11 @@ class GroupHealth:
         self._last: tuple[str, int] | None = None
         self._works: set[Work] = set()
         self._closed = False
+        #: World ranks of this group's members known to be dead: seen here (a connection lost
+        #: abruptly) or recorded by another rank. What :class:`PeerFailedError` carries.
+        self.dead: set[int] = set()
+        #: The world generation of the group (its failure records carry it).
+        self.generation: int = getattr(pg, "generation", 0)
         #: This group's flight recorder record (colls.flight_recorder), None when it is off.
         self.fr = flight_recorder.RECORDER.group(pg, self)
         listen = getattr(pg.backend, "set_failure_listener", None)
@@ -365,9 +380,19 @@ class GroupHealth:
         """
         error = self.error
         if error is not None:
-            fresh = BackendError(f"{op}: {error}")
-            fresh.__cause__ = error.__cause__
-            raise fresh
+            raise self.restated(op, error)
+
+    def restated(self, prefix: str, error: BackendError) -> BackendError:
+        """Return the group's ``error`` raised again by call ``prefix``: a PeerFailedError
+        carrying every member known dead by now, when any is."""
+        with self._lock:
+            dead = frozenset(self.dead)
+        if dead:
+            fresh: BackendError = PeerFailedError(f"{prefix}: {error}", dead)
+        else:
+            fresh = BackendError(f"{prefix}: {error}")
+        fresh.__cause__ = error.__cause__
+        return fresh
 
     # -- running a collective -------------------------------------------------------------------
     def run(self, op: str, seq: int, job: Callable[[Any, Any, int], Any], array: Any, arg: Any,
@@ -442,7 +467,8 @@ class GroupHealth:
         reason = f"{label} failed on rank {self._me()}: {type(exc).__name__}: {exc}"
         self._break(
             reason, cause=exc,
-            record=FailureRecord(FAILED, self._pg.name, self._me(), None, label, reason),
+            record=FailureRecord(FAILED, self._pg.name, self._me(), None, label, reason,
+                                 self.generation),
         )
         return exc
 
@@ -464,7 +490,7 @@ class GroupHealth:
             if self.error is None and settle:
                 self._broken_event.wait(settle)
         earlier = self.error
-        return exc if earlier is None else BackendError(f"{label}: {earlier}")
+        return exc if earlier is None else self.restated(label, earlier)
 
     def _peer_lost(self, group_rank: int, exc: BaseException) -> None:
         """Backend hook: group rank ``group_rank`` vanished abruptly (called from its thread)."""
@@ -474,20 +500,28 @@ class GroupHealth:
             # A peer that broke on a recorded failure closes its end; find that record first.
             self._watcher.catch_up(PEER_LOST_CATCH_UP_S)
         dead = self._pg.global_rank(group_rank)
+        with self._lock:
+            self.dead.add(dead)
         where = self._where()
         reason = f"world rank {dead} died or dropped its connection {where} ({exc})"
         self._break(
             f"{reason}; seen by rank {self._me()}", cause=exc,
-            record=FailureRecord(FAILED, self._pg.name, self._me(), dead, where, reason),
+            record=FailureRecord(FAILED, self._pg.name, self._me(), dead, where, reason,
+                                 self.generation),
         )
 
     def apply(self, record: FailureRecord) -> None:
         """Break the group if another rank's ``record`` concerns it."""
+        if record.generation != self.generation:
+            return
         concerns = record.group == self._pg.name or (
             record.dead is not None and record.dead in self._pg.global_ranks
         )
         if not concerns or self._closed or record.reporter == self._me():
             return
+        if record.dead is not None and record.dead in self._pg.global_ranks:
+            with self._lock:
+                self.dead.add(record.dead)
         self._break(
             f"rank {record.reporter} reported: {record.reason[:MAX_REASON_CHARS]} "
             f"(this rank was {self._where()})",
@@ -520,7 +554,9 @@ class GroupHealth:
         with self._lock:
             if self.error is not None or self._closed:
                 return
-            error = BackendError(f"colls: group {self._pg.name!r} is broken: {message}")
+            text = f"colls: group {self._pg.name!r} is broken: {message}"
+            error = (PeerFailedError(text, frozenset(self.dead)) if self.dead
+                     else BackendError(text))
             error.__cause__ = cause
             self.error = error
             works, self._works = list(self._works), set()

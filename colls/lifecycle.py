@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
+from colls import agreement, env, exit_hooks, plugin_manager
 from colls import dispatch as d
-from colls import env, exit_hooks, plugin_manager
 from colls.options import BackendOptions
 from colls.process_group import ProcessGroup
 from colls.registry import NON_GROUP_MEMBER, REGISTRY
@@ -100,12 +100,20 @@ def init_process_group(
             store = HashStore()
         else:
             store, rank, world_size = rendezvous(init_method, rank, world_size, limit)
+        if env.get("COLLS_JOIN"):
+            from colls import resize
+
+            resize.join(spec.name, store, limit)
+            exit_hooks.install()
+            return
         group_store = PrefixStore(WORLD_GROUP_NAME, store)
         options = BackendOptions(
             timeout=limit, group_name=WORLD_GROUP_NAME,
             global_ranks=tuple(range(world_size)), extra=MappingProxyType(dict(pg_options or {})),
         )
         REGISTRY.world_rank, REGISTRY.world_size = rank, world_size
+        if not isinstance(store, HashStore):  # so that survivors can find it among the dead
+            agreement.register_process(store, 0, rank)
         try:
             backend_obj = spec.create(group_store, rank, world_size, options)
         except BaseException:
@@ -115,7 +123,7 @@ def init_process_group(
             name=WORLD_GROUP_NAME, global_ranks=range(world_size), my_global_rank=rank,
             backend_name=spec.name, backend=backend_obj, store=group_store, timeout=limit,
         )
-        REGISTRY.world_store = store
+        REGISTRY.world_store = REGISTRY.job_store = store
         REGISTRY.default = pg
         REGISTRY.groups[pg.name] = pg
     exit_hooks.install()  # a program that ends without destroy_process_group still says goodbye
@@ -236,7 +244,7 @@ def destroy_process_group(group: Any = None) -> None:
         if pg is REGISTRY.default:
             for other in list(REGISTRY.groups.values()):
                 other.close()
-            store = REGISTRY.world_store
+            store = REGISTRY.job_store
             REGISTRY.reset()
             linger = getattr(store, "linger", None)
             if linger is not None:  # the rank hosting the store lets the others finish first

@@ -17,6 +17,7 @@ from colls._executor import SerialExecutor
 from colls.errors import CollsTimeoutError
 from colls.fingerprint import collective_tag
 from colls.health import GroupHealth
+from colls.registry import REGISTRY
 from colls.work import Work
 
 if TYPE_CHECKING:
@@ -56,8 +57,17 @@ class ProcessGroup:
         backend: Backend,
         store: Store,
         timeout: float,
+        generation: int | None = None,
+        joined_ranks: Sequence[int] = (),
     ) -> None:
         self.name = name
+        #: Which world this group belongs to: 0 for the world init_process_group made, n after
+        #: the n-th shrink or grow of the default group (each renumbers the world's ranks).
+        #: Default: the current world's.
+        self.generation = REGISTRY.generation if generation is None else generation
+        #: Group ranks that joined when :func:`colls.grow_group` made this group (empty
+        #: otherwise); they take their state from group rank 0, which was a member before.
+        self.joined_ranks: tuple[int, ...] = tuple(joined_ranks)
         self.global_ranks: tuple[int, ...] = tuple(global_ranks)
         self._group_rank_of = {g: i for i, g in enumerate(self.global_ranks)}
         #: This process's rank in the group (also callable, as torch's ``rank()``).
@@ -81,7 +91,14 @@ class ProcessGroup:
         #: op, dtype and shape); None until its first call.
         self.plans: Any = None
         self.destroyed = False
+        #: Why the group can no longer be used, when another call than destroy_process_group
+        #: ended it (shrinking the default group invalidates every other group).
+        self.destroyed_because = ""
         self.health = GroupHealth(self)
+        #: colls.resize's bookkeeping: grow_group calls made on this group (each has its own
+        #: agreement keys) and the first join ticket no grow has taken yet.
+        self.grow_calls = 0
+        self.next_join_ticket = 0
         #: Groups over the same members for arrays of another device, keyed by device type
         #: (torch's device map "cpu:gloo,cuda:nccl": :func:`colls.lifecycle.device_group`).
         #: Closed with this group.

@@ -66,17 +66,24 @@ class _Registry:
         self.groups: dict[str, ProcessGroup] = {}
         self.default: ProcessGroup | None = None
         self.world_store: Store | None = None
+        #: The store the rendezvous gave, under every world's prefixes: it must outlive the
+        #: ranks for a world to be shrunk or grown (colls.resize).
+        self.job_store: Store | None = None
         self.world_rank = -1
         self.world_size = -1
         self.group_count = 0
+        #: How many times the default group was shrunk or grown (ProcessGroup.generation).
+        self.generation = 0
 
     def reset(self) -> None:
         self.groups.clear()
         self.default = None
         self.world_store = None
+        self.job_store = None
         self.world_rank = -1
         self.world_size = -1
         self.group_count = 0
+        self.generation = 0
 
 
 REGISTRY = _Registry()

@@ -38,10 +38,11 @@ def _correct_result(op: str, world_size: int, victim: int, count: int) -> np.nda
     return np.full(count, broadcast_root(victim, world_size) + 1, dtype=np.float32)
 
 
-#: What a survivor may raise: a BackendError from the broken group, or its subclass NetworkError
-#: when the operation itself was the one that lost the connection to the dead rank (a receive
-#: from it); either names the dead rank.
-BROKEN = frozenset({"BackendError", "NetworkError"})
+#: What a survivor may raise: the broken group's PeerFailedError (carrying the dead rank), a
+#: BackendError when the group broke on a report that names no dead rank, or NetworkError when the
+#: operation itself was the one that lost the connection to the dead rank (a receive from it);
+#: each names the dead rank.
+BROKEN = frozenset({"PeerFailedError", "BackendError", "NetworkError"})
 
 
 def _check_survivors(results: dict, op: str, world_size: int, dead: int, count: int) -> None:
@@ -122,4 +123,5 @@ def test_a_subgroup_without_connections_of_its_own_fails_fast_when_a_member_dies
     assert got["op"]["type"] in BROKEN, got
     assert "rank 2" in got["op"]["message"], got
     assert got["op"]["elapsed"] < VICTIM_DELAY_S + FAIL_FAST_S, got
-    assert got["next"]["type"] == "BackendError" and got["next"]["elapsed"] < AT_ONCE_S, got
+    # The record named the dead rank: the next call carries it (PeerFailedError.failed_ranks).
+    assert got["next"]["type"] == "PeerFailedError" and got["next"]["elapsed"] < AT_ONCE_S, got
