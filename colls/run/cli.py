@@ -2,7 +2,8 @@
 
 Only the static, single-attempt part of torchrun is offered: a fixed number of nodes, each
 starting ``--nproc-per-node`` workers that meet at ``--master-addr:--master-port``. There is no
-elastic rendezvous and no restart; see docs/launcher.md.
+elastic rendezvous and no restart of the whole job; ``--on-failure shrink|replace`` (colls' own)
+lets the job go on when a worker dies, and replaces it. See docs/launcher.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable, Sequence
 
 from colls import env
 from colls.run.config import (
+    DEFAULT_MAX_REPLACEMENTS,
+    ON_FAILURE_MODES,
     START_METHODS,
     STORE_HOSTS,
     LaunchConfig,
@@ -28,7 +31,8 @@ EPILOG = """\
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 MASTER_PORT, COLLS_STORE_PORT (when the launcher serves the store) and COLLS_ERROR_FILE.
 When a worker fails, the others are stopped and the first failing rank is reported with its
-exit code and traceback; colls-run exits with that code.
+exit code and traceback; colls-run exits with that code. With --on-failure shrink or replace,
+the others go on instead (a replacement gets COLLS_JOIN=1 and COLLS_INCARNATION=n).
 """
 
 
@@ -47,6 +51,23 @@ def _count(flag: str, hint: str = "") -> Callable[[str], int]:
         return value
 
     parse.__name__ = flag  # argparse names the type in some messages
+    return parse
+
+
+def _non_negative(flag: str) -> Callable[[str], int]:
+    """Return an argparse type that accepts an integer >= 0 for ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= 0, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+        return value
+
+    parse.__name__ = flag
     return parse
 
 
@@ -131,6 +152,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="fork: Python workers are forked from colls-run after it imported NumPy and colls "
         "once (fast startup); exec: each worker is a fresh interpreter. Default: "
         "$COLLS_START_METHOD, else fork. --no-python and PYTHON_EXEC always exec",
+    )
+    parser.add_argument(
+        "--on-failure", dest="on_failure", choices=ON_FAILURE_MODES, default="stop",
+        help="when a worker dies (non-zero exit or a signal) while others of this node run: "
+        "stop them all and report it (stop, the default, as torchrun); let the job go on "
+        "without it (shrink: the survivors call colls.shrink_group); or go on and start a "
+        "replacement in its slot that joins the job (replace: COLLS_JOIN=1, "
+        "COLLS_INCARNATION=n; the survivors call colls.grow_group). shrink and replace need "
+        "--store-host launcher",
+    )
+    parser.add_argument(
+        "--max-replacements", dest="max_replacements", metavar="N",
+        type=_non_negative("max-replacements"), default=DEFAULT_MAX_REPLACEMENTS,
+        help="with --on-failure replace: replacements this colls-run starts at most; later "
+        f"deaths are survived as with shrink (default: {DEFAULT_MAX_REPLACEMENTS})",
     )
     parser.add_argument("script", help="the script (module with -m, program with --no-python)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
@@ -248,6 +284,8 @@ def parse_config(argv: Sequence[str] | None = None) -> LaunchConfig:
             start_method=start_method,
             auth_token=job_token(args.nnodes, os.environ),
             store_port=_resolve_store_port(parser, args),
+            on_failure=args.on_failure,
+            max_replacements=args.max_replacements,
         )
     except ValueError as exc:
         parser.error(str(exc).removeprefix(f"{PROG}: "))
@@ -257,9 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run colls-run with ``argv`` (``sys.argv[1:]`` when None) and return its exit code.
 
     Returns:
-        0 when every worker succeeded; the first failing worker's exit code (128 + N when it was
-        killed by signal N); 128 + N when colls-run itself got signal N (130 for Ctrl-C); 2 for
-        a bad command line.
+        0 when every worker succeeded (with --on-failure shrink or replace: when every failure
+        was survived, see colls.run.replacing); the first failing worker's exit code (128 + N
+        when it was killed by signal N); 128 + N when colls-run itself got signal N (130 for
+        Ctrl-C); 2 for a bad command line.
     """
     try:
         config = parse_config(argv)

@@ -28,6 +28,19 @@ START_METHODS = ("fork", "exec")
 #: or rank 0, as torch's env:// has it.
 STORE_HOSTS = ("launcher", "rank0")
 
+#: What colls-run does when a worker dies (``--on-failure``): stop every worker (torchrun's
+#: behaviour), let the job go on without it, or go on and start a replacement in its slot that
+#: joins the running job (colls.run.replacing).
+ON_FAILURE_MODES = ("stop", "shrink", "replace")
+#: Replacements one colls-run starts at most (``--max-replacements``) unless told otherwise: a
+#: worker that dies at once every time must not be restarted forever.
+DEFAULT_MAX_REPLACEMENTS = 3
+#: The variable that tells a replacement to join the running job instead of starting one
+#: (colls' init_process_group; the survivors call colls.grow_group).
+JOIN_VAR = "COLLS_JOIN"
+#: The variable that tells a replacement which one of its slot it is: 1, 2, ...
+INCARNATION_VAR = "COLLS_INCARNATION"
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -52,6 +65,12 @@ class LaunchConfig:
             (colls.run.job_store), exported as COLLS_STORE_PORT: a port, or 0 for one the OS
             picks (single node only). None: no launcher serves it, and rank 0 serves the store
             on MASTER_PORT, as torch's env:// does.
+        on_failure: What to do when a worker dies, one of ON_FAILURE_MODES: ``stop`` every
+            worker, or go on without it (``shrink``), or go on and replace it (``replace``).
+            The last two need the launcher's store (``store_port`` set): the store must outlive
+            any rank.
+        max_replacements: Replacements this launcher starts at most with ``replace``; then it
+            goes on as with ``shrink``.
     """
 
     script: str
@@ -67,6 +86,8 @@ class LaunchConfig:
     start_method: str = "fork"
     auth_token: str = field(default="", repr=False)
     store_port: int | None = None
+    on_failure: str = "stop"
+    max_replacements: int = DEFAULT_MAX_REPLACEMENTS
 
     def __post_init__(self) -> None:
         """Check ranges and flag combinations; the messages name the flag and the value."""
@@ -97,6 +118,27 @@ class LaunchConfig:
                 f"colls-run: --start-method {self.start_method!r} is invalid; expected one of "
                 f"{', '.join(START_METHODS)}"
             )
+        self._check_on_failure()
+
+    def _check_on_failure(self) -> None:
+        if self.on_failure not in ON_FAILURE_MODES:
+            raise ValueError(
+                f"colls-run: --on-failure {self.on_failure!r} is invalid; expected one of "
+                f"{', '.join(ON_FAILURE_MODES)}"
+            )
+        if self.max_replacements < 0:
+            raise ValueError(
+                f"colls-run: --max-replacements {self.max_replacements} is invalid; expected "
+                "an integer >= 0"
+            )
+        if self.on_failure != "stop" and self.store_port is None:
+            raise ValueError(
+                f"colls-run: --on-failure {self.on_failure} needs the job's store to outlive "
+                "every rank, but here rank 0 serves it (--store-host rank0, the default with "
+                "--nnodes > 1 and no --store-port): if rank 0 died, the survivors would lose the "
+                "store through which they agree on who died. Use --store-host launcher (with "
+                "--nnodes > 1, give every node the same --store-port)"
+            )
 
     def _check_store_port(self) -> None:
         port = self.store_port
@@ -121,6 +163,11 @@ class LaunchConfig:
     def serves_store(self) -> bool:
         """Whether this launcher serves the job's store: node 0's, when store_port is set."""
         return self.store_port is not None and self.node_rank == 0
+
+    @property
+    def goes_on_after_failure(self) -> bool:
+        """Whether a worker's death leaves the others running (``--on-failure`` not stop)."""
+        return self.on_failure != "stop"
 
     @property
     def world_size(self) -> int:

@@ -62,6 +62,8 @@ class WorkerOutcome:
             launcher itself was interrupted) while it was still running.
         stop_signal: The last signal the launcher sent it, when ``stopped_by_launcher``.
         error: Its error file, when it wrote one.
+        incarnation: 0 for its slot's first worker, n for the n-th replacement
+            (``--on-failure replace``).
     """
 
     rank: int
@@ -71,6 +73,7 @@ class WorkerOutcome:
     stopped_by_launcher: bool = False
     stop_signal: int | None = None
     error: ErrorRecord | None = None
+    incarnation: int = 0
 
 
 def write_error_file(path: str, exc: BaseException, traceback_text: str, *,
@@ -197,7 +200,8 @@ def first_failure(candidates: list[WorkerOutcome]) -> WorkerOutcome:
 
 
 def _who(outcome: WorkerOutcome) -> str:
-    return f"rank {outcome.rank} (local rank {outcome.local_rank}, pid {outcome.pid})"
+    incarnation = f", incarnation {outcome.incarnation}" if outcome.incarnation else ""
+    return f"rank {outcome.rank} (local rank {outcome.local_rank}, pid {outcome.pid}{incarnation})"
 
 
 def _how_it_ended(outcome: WorkerOutcome) -> str:

@@ -6,7 +6,9 @@ Python workers are forked from the launcher after it preloaded NumPy and colls
 worker together with anything it spawned (``os.killpg``), and so a Ctrl-C in the terminal reaches
 only the launcher, which forwards it once. All workers are started before any is waited on, then
 polled every ``POLL_INTERVAL_S``. When one fails, the rest get SIGTERM, ``STOP_GRACE_S`` to exit,
-then SIGKILL, and the root-cause report (colls.run.failures) goes to stderr.
+then SIGKILL, and the root-cause report (colls.run.failures) goes to stderr; with
+``--on-failure shrink`` or ``replace`` the others go on instead, and a dead worker may be
+replaced (colls.run.replacing).
 
 Standard library only (the fork path's preloads aside): the launcher must start in milliseconds.
 """
@@ -26,8 +28,14 @@ from dataclasses import dataclass, replace
 from types import FrameType, TracebackType
 from typing import IO, BinaryIO, Protocol
 
-from colls.run import forking, fr_dumps
-from colls.run.config import AUTH_TOKEN_VAR, STORE_PORT_VAR, LaunchConfig
+from colls.run import forking, fr_dumps, replacing
+from colls.run.config import (
+    AUTH_TOKEN_VAR,
+    INCARNATION_VAR,
+    JOIN_VAR,
+    STORE_PORT_VAR,
+    LaunchConfig,
+)
 from colls.run.failures import (
     SIGNAL_EXIT_BASE,
     WorkerOutcome,
@@ -107,7 +115,8 @@ def build_command(config: LaunchConfig) -> list[str]:
 
 
 def worker_env(
-    config: LaunchConfig, local_rank: int, error_file: str, base: dict[str, str] | None = None
+    config: LaunchConfig, local_rank: int, error_file: str, base: dict[str, str] | None = None,
+    incarnation: int = 0,
 ) -> dict[str, str]:
     """Return the environment of the worker with ``local_rank``: ``base`` plus the launch variables.
 
@@ -116,6 +125,8 @@ def worker_env(
         local_rank: The worker's rank on this node.
         error_file: Where the worker writes its traceback (exported as COLLS_ERROR_FILE).
         base: The environment to extend; the launcher's own when None.
+        incarnation: 0 for the slot's first worker; n for its n-th replacement
+            (``--on-failure replace``), which gets COLLS_JOIN=1 and COLLS_INCARNATION=n.
 
     The job's ``config.auth_token`` becomes COLLS_AUTH_TOKEN unless ``base`` has one, and its
     ``config.store_port`` (bound already) COLLS_STORE_PORT.
@@ -140,8 +151,20 @@ def worker_env(
         env.pop(STORE_PORT_VAR, None)  # an outer job's store is not this job's
     else:
         env[STORE_PORT_VAR] = str(config.store_port)
+    if incarnation:
+        env.update({JOIN_VAR: "1", INCARNATION_VAR: str(incarnation)})
+    else:  # an outer job's replacement must not make this job's workers join
+        env.pop(JOIN_VAR, None)
+        env.pop(INCARNATION_VAR, None)
     config.apply_thread_defaults(env)
     return env
+
+
+def error_file_name(rank: int, incarnation: int) -> str:
+    """Return the name of a worker's error file: one per slot and incarnation."""
+    if incarnation:
+        return f"error-rank{rank}-incarnation{incarnation}.json"
+    return f"error-rank{rank}.json"
 
 
 class WorkerProcess(Protocol):
@@ -160,13 +183,17 @@ class WorkerProcess(Protocol):
 
 @dataclass
 class Worker:
-    """One started worker and what the launcher knows about it."""
+    """One started worker and what the launcher knows about it.
+
+    ``incarnation`` is 0 for a slot's first worker, n for its n-th replacement.
+    """
 
     local_rank: int
     rank: int
     error_file: str
     popen: WorkerProcess
     returncode: int | None = None
+    incarnation: int = 0
     stopped_by_launcher: bool = False
     stop_signal: int | None = None
 
@@ -237,6 +264,8 @@ class WorkerGroup:
         self._error_dir: str | None = None
         self._output_lock = threading.Lock()
         self._store: JobStore | None = None
+        self._fork = False
+        self._base_env: dict[str, str] = {}
 
     def __enter__(self) -> WorkerGroup:
         self._error_dir = tempfile.mkdtemp(prefix="colls-run-")
@@ -265,15 +294,17 @@ class WorkerGroup:
         """
         if self._error_dir is None:
             raise RuntimeError("colls-run: WorkerGroup.start() called outside its 'with' block")
-        fork = forking.use_fork(self.config)
+        # Decided once: preloading registers exit handlers, after which use_fork says no.
+        self._fork = fork = forking.use_fork(self.config)
         if fork:
             forking.prepare_launcher(self.config)
         if self.config.serves_store:
             self._store = JobStore(self.config)
             self.config = replace(self.config, store_port=self._store.port)
         # Read once: decoding os.environ for each of hundreds of workers cost a third of a
-        # millisecond each, on the path that starts them one after the other.
-        base_env = dict(os.environ)
+        # millisecond each, on the path that starts them one after the other. Kept for the
+        # replacements, which get their slot's environment.
+        self._base_env = base_env = dict(os.environ)
         try:
             for local_rank in range(self.config.nproc_per_node):
                 self.workers.append(self._start_one(local_rank, self._error_dir, fork, base_env))
@@ -282,14 +313,37 @@ class WorkerGroup:
                 for worker in self.workers:
                     self._tag(worker)
 
+    def replace(self, dead: Worker) -> Worker:
+        """Start the next incarnation of ``dead``'s slot (``--on-failure replace``) and return it.
+
+        It is forked as the first workers were, unless a thread now runs in the launcher (the
+        --tag-output readers): forking a threaded process can leave a lock held in the child, so
+        it is exec'd then.
+
+        Raises:
+            WorkerStartError: it could not be started.
+        """
+        if self._error_dir is None:
+            raise RuntimeError("colls-run: WorkerGroup.replace() called outside its 'with' block")
+        incarnation = 1 + max(w.incarnation for w in self.workers
+                              if w.local_rank == dead.local_rank)
+        fork = self._fork and threading.active_count() == 1
+        worker = self._start_one(dead.local_rank, self._error_dir, fork, self._base_env,
+                                 incarnation)
+        self.workers.append(worker)
+        if self.config.tag_output:
+            self._tag(worker)
+        return worker
+
     def _start_one(
-        self, local_rank: int, error_dir: str, fork: bool, base_env: dict[str, str]
+        self, local_rank: int, error_dir: str, fork: bool, base_env: dict[str, str],
+        incarnation: int = 0,
     ) -> Worker:
         """Fork or exec the worker with ``local_rank`` (its environment: ``base_env`` plus the
         launch variables); raise WorkerStartError if it cannot be."""
         rank = self.config.global_rank(local_rank)
-        error_file = os.path.join(error_dir, f"error-rank{rank}.json")
-        env = worker_env(self.config, local_rank, error_file, base_env)
+        error_file = os.path.join(error_dir, error_file_name(rank, incarnation))
+        env = worker_env(self.config, local_rank, error_file, base_env, incarnation)
         command = build_command(self.config)
         try:
             if fork:
@@ -303,7 +357,7 @@ class WorkerGroup:
                 )
         except OSError as exc:
             raise WorkerStartError(local_rank, command, exc) from exc
-        return Worker(local_rank, rank, error_file, process)
+        return Worker(local_rank, rank, error_file, process, incarnation=incarnation)
 
     def _tag(self, worker: Worker) -> None:
         prefix = f"[rank {worker.rank}]: ".encode()
@@ -378,6 +432,7 @@ class WorkerGroup:
             stopped_by_launcher=worker.stopped_by_launcher,
             stop_signal=worker.stop_signal,
             error=read_error_file(worker.error_file),
+            incarnation=worker.incarnation,
         )
 
     def close(self) -> None:
@@ -447,7 +502,28 @@ def launch(config: LaunchConfig, signals: SignalCatcher | None = None) -> int:
 
 
 def _supervise(group: WorkerGroup, signals: SignalCatcher | None) -> int:
+    """Watch the workers until the job ends; return the launcher's exit code.
+
+    With ``--on-failure stop`` the first death ends the job; otherwise a death while another
+    worker runs is survived (colls.run.replacing.GoingOn), and the deaths survived are listed
+    at the end.
+    """
+    going_on = None
+    if group.config.goes_on_after_failure:
+        token = os.environ.get(AUTH_TOKEN_VAR) or group.config.auth_token
+        going_on = replacing.GoingOn(group.config, token)
+    try:
+        return _watch(group, signals, going_on)
+    finally:
+        if going_on is not None:
+            going_on.close()
+
+
+def _watch(
+    group: WorkerGroup, signals: SignalCatcher | None, going_on: replacing.GoingOn | None
+) -> int:
     hurry = signals.pending if signals is not None else (lambda: False)
+    survived = going_on.report if going_on is not None else (lambda: "")
     while True:
         signum = signals.take() if signals is not None else None
         if signum in LIVE_VIEW_SIGNALS:
@@ -457,18 +533,24 @@ def _supervise(group: WorkerGroup, signals: SignalCatcher | None) -> int:
             group.stop(signum, STOP_GRACE_S, hurry)
             group.finish_output()
             report = format_interrupted(signum, [group.outcome(w) for w in group.workers])
-            _print_report(report)
+            _print_report(survived() + report)
             return SIGNAL_EXIT_BASE + signum
         failed = [w for w in group.poll() if w.returncode != 0]
+        if going_on is not None:
+            failed = going_on.handle(group, failed)
         if failed:
             first = first_failure([group.outcome(w) for w in failed])
             group.stop(signal.SIGTERM, STOP_GRACE_S, hurry)
             group.finish_output()  # the report comes after the workers' last lines
-            others = [group.outcome(w) for w in group.workers if w.rank != first.rank]
-            _print_report(format_root_cause(first, others))
+            others = [group.outcome(w) for w in group.workers if w.pid != first.pid]
+            _print_report(survived() + format_root_cause(first, others))
             _print_report(fr_dumps.report(fr_dumps.job_dump_dir()))
             return exit_code_for(first.returncode) or 1
         if not group.running():
+            report = survived()
+            if report:
+                group.finish_output()  # after the workers' last lines, as the failure report
+                _print_report(report)
             return 0
         time.sleep(POLL_INTERVAL_S)
 
