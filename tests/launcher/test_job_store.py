@@ -240,6 +240,7 @@ def test_a_dead_rank_0_is_named_by_every_survivor_while_the_store_lives(write_sc
     assert result.returncode == 0, result.stderr
     for rank in (1, 2, 3):
         error = json.loads((tmp_path / f"rank{rank}.json").read_text())["error"]
-        assert error is not None and error.startswith("BackendError"), (rank, error)
+        # the typed failure: colls.PeerFailedError (a BackendError) carrying the dead rank
+        assert error is not None and error.startswith("PeerFailedError"), (rank, error)
         assert "world rank 0 died" in error, (rank, error)
         assert "TCPStore" not in error, (rank, error)  # the store lives on
