@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from colls.errors import BackendError, CollsTimeoutError, StoreTimeoutError
-from colls.store.base import INTERNAL_KEY_PREFIX, Store
+from colls.store.base import INTERNAL_KEY_PREFIX, Store, innermost
 
 #: Root of every key this module writes in the job's store.
 KEY_ROOT = INTERNAL_KEY_PREFIX + "ft/"
@@ -59,7 +59,8 @@ def register_process(store: Store, generation: int, world_rank: int) -> None:
 
 
 class Liveness:
-    """Which processes colls-run saw exit, asked of the store at most every EXIT_CHECK_S.
+    """Which processes colls-run saw exit: its exit log (``colls.run.exits``), read at most every
+    EXIT_CHECK_S, one key to learn whether it grew and then only the new records.
 
     Args:
         store: the job's store.
@@ -69,33 +70,35 @@ class Liveness:
     def __init__(self, store: Store, processes: Callable[[], dict[int, str]]) -> None:
         self._store = store
         self._processes = processes
-        self._known: dict[int, str] | None = None
-        self._dead: set[int] = set()
+        self._exited: set[str] = set()
+        self._read = 0
         self._checked_at = 0.0
 
     def dead_among(self, ranks: Iterable[int]) -> set[int]:
         """Return those of ``ranks`` known to have exited (may ask the store)."""
         ranks = set(ranks)
         now = time.monotonic()
-        if ranks - self._dead and now - self._checked_at >= EXIT_CHECK_S:
+        if ranks and now - self._checked_at >= EXIT_CHECK_S:
             self._checked_at = now
-            self._refresh(ranks - self._dead)
-        return ranks & self._dead
+            self._read_new_records()
+        if not self._exited:
+            return set()
+        known = self._processes()
+        return {rank for rank in ranks if known.get(rank) in self._exited}
 
-    def _refresh(self, ranks: set[int]) -> None:
+    def _read_new_records(self) -> None:
         try:
-            from colls.run.exits import exited_key
+            from colls.run.exits import EXITS_COUNT_KEY, ExitRecord, exit_log_key
         except ImportError:  # no launcher records to read
             return
-        if self._known is None:
-            self._known = self._processes()
-        for rank in ranks:
-            process = self._known.get(rank)
-            if process is None:
-                continue
-            host, _, pid = process.rpartition(":")
-            if self._store.check([exited_key(host, int(pid))]):
-                self._dead.add(rank)
+        count = self._store.add(EXITS_COUNT_KEY, 0)
+        while self._read < count:
+            key = exit_log_key(self._read)
+            if not self._store.check([key]):
+                return  # numbered but not written yet: next time
+            record = ExitRecord.decode(self._store.get(key))
+            self._exited.add(f"{record.host}:{record.pid}")
+            self._read += 1
 
 
 class RankSet:
@@ -255,12 +258,19 @@ def _fail(store: Store, key: str, reason: str, missing: Iterable[int]) -> dict[s
 
 def store_failure(exc: BaseException, store: Store) -> BackendError:
     """Return the error a resize raises when the job's store fails under it."""
-    host = getattr(store, "hosted_by", None) or "its host"
+    base = innermost(store)
+    host = getattr(base, "hosted_by", None)
+    where = getattr(base, "description", base)
+    if host is not None and host.startswith("world rank "):  # env:// or tcp://: a rank serves it
+        what = (f"the job's store ({where}) cannot be reached: it was hosted by {host}, which "
+                f"died (or is cut off from this rank), and the store went with it ({exc})")
+    else:
+        what = (f"the job's store ({where}, served by {host or 'its host'}) cannot be reached "
+                f"({exc})")
     error = BackendError(
-        f"colls: the job's store ({getattr(store, 'description', store)}, served by {host}) "
-        f"cannot be reached ({exc}); survivors agree through it, so this rank cannot go on. "
-        "The store must outlive the ranks: run under colls-run (its launcher serves the store) "
-        "or torchrun (its agent does)"
+        f"colls: {what}; survivors agree through it, so this rank cannot go on. The store "
+        "must outlive the ranks: run under colls-run (its launcher serves the store; "
+        "--store-host launcher across nodes) or torchrun (its agent does)"
     )
     error.__cause__ = exc
     return error

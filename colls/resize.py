@@ -162,14 +162,16 @@ def _agree_on_survivors(store: Store, key: str, pg: ProcessGroup, candidates: li
                         explicit: list[int] | None, suspects: set[int], liveness: Liveness,
                         deadline: float) -> list[int]:
     """Check in and return the round's decision: the sorted group ranks that go on."""
+    dead = _DeadRanks(store, key, pg, suspects, liveness)
+    dead.publish()
     checked_in = RankSet(store, f"{key}/in", pg.size)
     checked_in.add(pg.rank)
     decision_key = f"{key}/decision"
     while True:
         decision = agreement.read_decision(store, decision_key)
         if decision is None:
-            proposal = _proposal(pg, set(candidates), checked_in.read(), explicit, suspects,
-                                 liveness, deadline)
+            dead.publish()
+            proposal = _proposal(set(candidates), checked_in.read(), explicit, dead, deadline)
             if proposal is not None:
                 decision = agreement.decide(store, decision_key, proposal)
         if decision is not None:
@@ -177,23 +179,56 @@ def _agree_on_survivors(store: Store, key: str, pg: ProcessGroup, candidates: li
         agreement.wait_for(store, decision_key, agreement.POLL_S)
 
 
-def _proposal(pg: ProcessGroup, candidates: set[int], present: set[int],
-              explicit: list[int] | None, suspects: set[int], liveness: Liveness,
-              deadline: float) -> dict[str, Any] | None:
+class _DeadRanks:
+    """What a survivor knows of a round's dead: its group's health and the earlier rounds'
+    suspects (here), what the other survivors know (one key per dead rank, which each publishes),
+    and colls-run's exit records. Every rank hears of a death at its own pace (a rank's failure
+    records are read one by one); sharing what each knew lets the last to check in decide."""
+
+    def __init__(self, store: Store, key: str, pg: ProcessGroup, suspects: set[int],
+                 liveness: Liveness) -> None:
+        self._store, self._key, self._pg = store, key, pg
+        self._suspects = suspects
+        self._liveness = liveness
+        self._published: set[int] = set()
+
+    def _local(self) -> set[int]:
+        return self._suspects | _group_ranks(self._pg, self._pg.health.dead)
+
+    def publish(self) -> None:
+        """Tell the other survivors the dead ranks this one learnt of since it last did."""
+        for rank in self._local() - self._published:
+            self._store.set(f"{self._key}/dead/{rank}", b"1")
+            self._published.add(rank)
+
+    def is_dead(self, rank: int) -> bool:
+        return (rank in self._local() or self._store.check([f"{self._key}/dead/{rank}"])
+                or bool(self._liveness.dead_among([rank])))
+
+    def all_dead(self, ranks: set[int]) -> bool:
+        """Return whether every rank of ``ranks`` is known dead (stops at the first that is not:
+        early on most are only slow)."""
+        return all(self.is_dead(rank) for rank in sorted(ranks))
+
+    def among(self, ranks: set[int]) -> set[int]:
+        return {rank for rank in ranks if self.is_dead(rank)}
+
+
+def _proposal(candidates: set[int], present: set[int], explicit: list[int] | None,
+              dead: _DeadRanks, deadline: float) -> dict[str, Any] | None:
     """Return this rank's proposal for the round, or None while it must wait for more."""
     present &= candidates
     absent = candidates - present
     late = time.monotonic() > deadline
-    known_dead = (suspects | _group_ranks(pg, pg.health.dead)) & absent
-    known_dead |= liveness.dead_among(absent - known_dead)
     if explicit is not None:
-        expected = candidates - set(explicit)
-        missing = expected - present
-        lost = missing & known_dead or (missing if late else set())
+        missing = candidates - set(explicit) - present
+        lost = dead.among(missing) or (missing if late else set())
         if lost:
             return {"lost": sorted(lost), "explicit": explicit}
-        return {"survivors": sorted(expected), "explicit": explicit} if not missing else None
-    if absent <= known_dead or late:
+        if missing:
+            return None
+        return {"survivors": sorted(candidates - set(explicit)), "explicit": explicit}
+    if late or dead.all_dead(absent):
         return {"survivors": sorted(present), "left_out": sorted(absent)}
     return None
 

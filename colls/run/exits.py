@@ -23,6 +23,19 @@ from dataclasses import asdict, dataclass
 EXITED_KEY = "__colls_store__/ft/exited/{host}:{pid}"
 
 
+#: The exit log: the launcher numbers its records in this counter and writes record n (from 0)
+#: under :func:`exit_log_key` too, so that a reader asks one key to learn whether anything new
+#: died and then reads only the new records (a survivor waiting for 63 peers must not ask 63
+#: keys each time it looks).
+EXITS_COUNT_KEY = "__colls_store__/ft/exits"
+EXIT_LOG_KEY = "__colls_store__/ft/exits/{index}"
+
+
+def exit_log_key(index: int) -> str:
+    """Return the key of the exit log's record number ``index`` (from 0)."""
+    return EXIT_LOG_KEY.format(index=index)
+
+
 def exited_key(host: str, pid: int) -> str:
     """Return the store key under which colls-run records the exit of worker ``pid`` on ``host``."""
     return EXITED_KEY.format(host=host, pid=pid)

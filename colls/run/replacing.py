@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from colls.run.config import LaunchConfig
-from colls.run.exits import ExitRecord
+from colls.run.exits import EXITS_COUNT_KEY, ExitRecord, exit_log_key
 from colls.run.failures import PREFIX, describe_returncode, signal_name
 
 if TYPE_CHECKING:
@@ -98,7 +98,9 @@ class ExitRecorder:
         entry = ExitRecord(rank=worker.rank, returncode=worker.returncode, pid=worker.pid,
                            host=self._hostname)
         try:
-            self._client().set(entry.key, entry.encode())
+            client = self._client()
+            client.set(entry.key, entry.encode())
+            client.set(exit_log_key(client.add(EXITS_COUNT_KEY, 1) - 1), entry.encode())
         except Exception as exc:  # the launcher goes on whatever the store does
             _say(f"{PREFIX} could not record the death of {_who(worker)} in the job's store "
                  f"({self._host}:{self._port}): {type(exc).__name__}: {exc}")
