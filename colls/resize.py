@@ -123,8 +123,11 @@ def _shrink_through_store(pg: ProcessGroup, store: Store, explicit: list[int] | 
                 "decision, or was cut off from the store); this process must stop"
             )
         try:
+            # The build has a timeout of its own: a decision taken at the round's deadline (the
+            # absent were cut off, not seen dead) would leave no time to commit, and the first
+            # member to look would drop the others as late.
             backend, group_store = _build_survivors(pg, store, key, survivors, processes,
-                                                    deadline)
+                                                    time.monotonic() + pg.timeout)
         except CommitFailed as failure:
             logger.warning("colls: shrink_group round %d of group %r failed: %s", round_no,
                            pg.name, failure.reason)
