@@ -16,8 +16,9 @@ through the store torch hands to the factory (wrapped in
 :class:`~colls_torch._stores.TorchStore`), so env://, tcp://, file://, torchrun and colls-run
 all work. The transport underneath a new group is a colls backend chosen by ``pg_options`` (a
 :class:`ProcessGroupColls.Options` or ``{"transport": "mpi"}``), else the world's backend, else
-(when the group is the world) ``COLLS_TORCH_TRANSPORT`` (default tcp). Group ranks given by torch (``opts.rootRank``,
-``dstRank``) are group ranks, and every call passes them as such (``group_src``/``group_dst``).
+(when the group is the world) ``COLLS_TORCH_TRANSPORT`` (default tcp). Group ranks given by
+torch (``opts.rootRank``, ``dstRank``) are group ranks, and every call passes them as such
+(``group_src``/``group_dst``).
 """
 
 from __future__ import annotations
@@ -505,18 +506,40 @@ def _colls_group(store: Any, rank: int, size: int, timeout: float, group_name: s
                 f"(rank {colls.get_rank()} of {colls.get_world_size()}) in this process"
             )
         return world, True
+    return new_colls_group(colls_store, rank, size, timeout, group_name, global_ranks,
+                           transport, options.extra), False
+
+
+def new_colls_group(store: Any, rank: int, size: int, timeout: float, group_name: str,
+                    global_ranks: list[int], transport: str,
+                    extra: Mapping[str, Any] | None = None) -> ProcessGroup:
+    """Create a colls group of its own over ``store``: a ``transport`` backend, rendezvoused
+    through ``store``, outside colls' registry (its creator closes it).
+
+    The group a torch group made by torch itself runs on, and each quorum's group of
+    :class:`colls_torch.torchft.ProcessGroupColls`.
+
+    Args:
+        store: a colls Store or a torch Store (wrapped), already prefixed for this group.
+        rank: this process's group rank.
+        size: the group size.
+        timeout: seconds; bounds the rendezvous and is the group's default timeout.
+        group_name: the group's name (the same on every member); "" names it "colls".
+        global_ranks: the world ranks of the members, in group-rank order.
+        transport: the colls backend ("tcp", "mpi" or a plugin's).
+        extra: backend-specific options.
+    """
+    colls_store = as_colls_store(store)
     spec = plugin_manager.resolve_backend(transport)
-    my_global_rank = global_ranks[rank]
     backend = spec.create(colls_store, rank, size, BackendOptions(
         timeout=timeout, group_name=group_name or BACKEND_NAME,
-        global_ranks=tuple(global_ranks), extra=dict(options.extra),
+        global_ranks=tuple(global_ranks), extra=dict(extra or {}),
     ))
-    group = ProcessGroup(
+    return ProcessGroup(
         name=group_name or BACKEND_NAME, global_ranks=global_ranks,
-        my_global_rank=my_global_rank, backend_name=spec.name, backend=backend,
+        my_global_rank=global_ranks[rank], backend_name=spec.name, backend=backend,
         store=colls_store, timeout=timeout,
     )
-    return group, False
 
 
 def create(dist_backend_opts: Any, backend_options: Any) -> ProcessGroupColls:
@@ -537,4 +560,5 @@ def register() -> None:
                                    devices=["cpu", "cuda"])
 
 
-__all__ = ["BACKEND_NAME", "CollsOptions", "ProcessGroupColls", "create", "on_device", "register"]
+__all__ = ["BACKEND_NAME", "CollsOptions", "ProcessGroupColls", "create", "new_colls_group",
+           "on_device", "register"]
