@@ -30,7 +30,6 @@ it is missing; ``import colls_torch`` never imports it. Tested with torchft 0.2.
 from __future__ import annotations
 
 import datetime
-import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,10 +53,6 @@ from colls_torch._work import _NO_TIMEOUT, Work
 
 #: torchft's default timeout for a process group (its ProcessGroupGloo's).
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
-
-#: Numbers the groups of configure calls that give no quorum id and the same store prefix.
-_unnamed = itertools.count()
-
 
 class _QuorumGroup(_C10dGroup):
     """The ``colls`` c10d ProcessGroup over one quorum's colls group, which it owns and closes.
@@ -182,7 +177,8 @@ class ProcessGroupColls(_Wrapper):
 
         torchft's signature (0.2). ``store_addr`` is ``host:port/prefix`` with a prefix that is
         new for each quorum; blocks until every rank of the new group has joined (at most the
-        timeout). The previous group is aborted first, without waiting for its peers.
+        timeout). The previous group is closed first (not reported as a failure), without
+        waiting for its peers.
 
         Raises:
             DistError: the store could not be reached or the group not formed in time
@@ -212,7 +208,7 @@ class ProcessGroupColls(_Wrapper):
             return f"torchft:{self._store_prefix}"
         if self._quorum_id is not None:
             return f"torchft:quorum-{self._quorum_id}:rank-{self._group_rank or 0}"
-        return f"torchft:{next(_unnamed)}"
+        return "torchft"
 
     # -- failures and lifecycle ----------------------------------------------------------------
 
