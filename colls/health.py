@@ -542,6 +542,17 @@ class GroupHealth:
             cause=exc, record=None,
         )
 
+    def abort(self, reason: str) -> None:
+        """Break the group on purpose, as a failure seen here would: its pending works fail,
+        its backend aborts, and a failure record breaks it on the other ranks too (their
+        pending calls fail instead of waiting for this rank until the timeout). For an owner
+        that gives the group up (torchft's Manager, through colls_torch.torchft). A group
+        already broken keeps its first error."""
+        message = f"{reason} (rank {self._pg.rank} of {self._pg.size})"
+        self._break(message, cause=None,
+                    record=FailureRecord(FAILED, self._pg.name, self._me(), None, "abort",
+                                         message, self.generation))
+
     # -- breaking ------------------------------------------------------------------------------
     def _break(self, message: str, *, cause: BaseException | None,
                record: FailureRecord | None) -> None:

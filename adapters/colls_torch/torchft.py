@@ -44,7 +44,7 @@ import torch
 import torch.distributed as _dist
 
 import colls
-from colls import env, health
+from colls import env
 from colls.process_group import ProcessGroup as _CollsGroup
 from colls_torch._c10d import CollsOptions, new_colls_group
 from colls_torch._c10d import ProcessGroupColls as _C10dGroup
@@ -261,19 +261,8 @@ class ProcessGroupColls(_Wrapper):
 
 
 def _break_group(group: _CollsGroup, reason: str) -> None:
-    """Break ``group`` for ``reason``, as a failure seen on this rank would (:mod:`colls.health`).
-
-    Its pending works fail and its backend aborts; a failure record in the quorum's store breaks
-    the group on the other ranks too (their pending collectives fail instead of waiting for
-    this rank until the timeout). Writing the record is bounded (``RECORD_BEFORE_ABORT_S``). A
-    group already broken keeps its first error. colls has no public abort yet, hence the
-    private ``GroupHealth._break``.
-    """
-    me = group.global_rank(group.rank)
-    message = f"{reason} (rank {group.rank} of {group.size})"
-    record = health.FailureRecord(kind=health.FAILED, group=group.name, reporter=me,
-                                  op="abort", reason=message)
-    group.health._break(message, cause=None, record=record)
+    """Break ``group`` for ``reason`` on every rank (:meth:`colls.health.GroupHealth.abort`)."""
+    group.health.abort(reason)
 
 
 def _as_exception(error: BaseException) -> Exception:
