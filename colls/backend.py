@@ -227,6 +227,15 @@ class BackendSpec:
             (default ``"detected"``). The conformance suite holds it to what it declares: a
             ``"detected"`` backend must fail survivors within seconds, a ``"timeout"`` one
             within the group timeout; a ``"launcher"`` one is not killed at all.
+        shrink: whether the backend's groups can be shrunk to their survivors (and grown back)
+            by :func:`colls.shrink_group` / :func:`colls.grow_group` (default False). The core
+            does it for any backend whose factory builds a group from ``(store, rank, size)``:
+            it agrees on the survivors through the job's store and creates a fresh backend of
+            them with ``create``; a backend with its own ``shrink`` hook (mpi: ULFM) does it
+            itself. Declare it only when the broken group's calls fail fast once a peer dies
+            and ``abort(error)`` and ``close()`` do not wait on the dead. ``shrink_group``
+            refuses a backend that declares neither; the conformance suite's ``"shrink"``
+            check runs for a backend that declares it.
 
     Raises:
         ValueError: ``dead_peers`` is not one of :data:`DEAD_PEER_MODES`.
@@ -239,6 +248,7 @@ class BackendSpec:
     plugin: str = ""
     world: Callable[[], tuple[int, int]] | None = None
     dead_peers: str = DEAD_PEERS_DETECTED
+    shrink: bool = False
 
     def __post_init__(self) -> None:
         if self.dead_peers not in DEAD_PEER_MODES:

@@ -84,7 +84,8 @@ def shrink_group(ranks_to_exclude: Sequence[int] | None = None, group: Any = Non
             caller, or leaves nobody; or the callers passed different lists.
         PeerFailedError: a rank not in ``ranks_to_exclude`` is dead too.
         BackendError: this rank was left out by the agreement (it came too late), or the job's
-            store cannot be reached (it must outlive the ranks).
+            store cannot be reached (it must outlive the ranks), or the group's backend neither
+            declares ``BackendSpec.shrink`` nor has a ``shrink`` hook.
     """
     pg = _member(group, "shrink_group")
     explicit = _check_exclusions(ranks_to_exclude, pg)
@@ -93,12 +94,25 @@ def shrink_group(ranks_to_exclude: Sequence[int] | None = None, group: Any = Non
         backend, dropped = hook(explicit, _options(pg, _successor_name(pg), pg.timeout))
         survivors = [r for r in range(pg.size) if r not in set(dropped)]
         return _install(pg, survivors, backend, pg.store, joined=())
+    _check_shrinkable(pg)
     store = _job_store("shrink_group")
     try:
         survivors, backend, group_store = _shrink_through_store(pg, store, explicit)
     except (NetworkError, OSError) as exc:
         raise agreement.store_failure(exc, store) from exc
     return _install(pg, survivors, backend, group_store, joined=())
+
+
+def _check_shrinkable(pg: ProcessGroup) -> None:
+    """Refuse a group whose backend does not declare that the core may rebuild it."""
+    spec = plugin_manager.resolve_backend(pg.backend_name)
+    if not spec.shrink:
+        raise BackendError(
+            f"shrink_group: backend {spec.name!r} (plugin {spec.plugin or '?'!r}) of group "
+            f"{pg.name!r} does not support shrinking: its BackendSpec does not declare "
+            "shrink=True and its backend has no shrink hook (see docs/plugins.md, "
+            "'Shrinking and growing')"
+        )
 
 
 def _shrink_through_store(pg: ProcessGroup, store: Store, explicit: list[int] | None

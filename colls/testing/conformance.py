@@ -29,6 +29,13 @@ naming it, in jobs of their own on three ranks (:mod:`colls.testing._dead_peer`)
 :func:`~colls.testing.spawn` whatever the ``launcher``. A backend that cannot detect dead peers
 declares so (:attr:`colls.backend.BackendSpec.dead_peers`) and is held to its timeouts instead.
 
+The ``shrink`` check (:mod:`colls.testing._checks_shrink`) is for backends whose spec declares
+``shrink=True`` (:attr:`colls.backend.BackendSpec.shrink`): a job of four ranks over a store this
+process serves, where a rank is SIGKILLed in an all_reduce loop, the survivors shrink the world
+with ``colls.shrink_group()`` and check collectives on it, twice. It runs by default for such a
+backend, and is skipped (the summary says so) for one that does not declare it, even when named
+in ``checks``.
+
 Timing checks of the barriers assume the ranks share one clock, which holds for the one-host
 launchers used here.
 """
@@ -41,19 +48,25 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from colls.backend import DEAD_PEERS_DETECTED, DEAD_PEERS_LAUNCHER, DEAD_PEERS_TIMEOUT
+from colls.backend import (
+    DEAD_PEERS_DETECTED,
+    DEAD_PEERS_LAUNCHER,
+    DEAD_PEERS_TIMEOUT,
+    BackendSpec,
+)
 from colls.testing import _checks_api as api
 from colls.testing import _checks_failures as failures
 from colls.testing import _checks_movement as movement
 from colls.testing import _checks_p2p as p2p
 from colls.testing import _checks_reduce as reduce
+from colls.testing import _checks_shrink as shrink
 from colls.testing import _dead_peer as dead_peer
 from colls.testing._checks_common import FAILURE_MARKER, SEGMENT_BYTES, ArrayLib, Suite
 from colls.testing._world import join, leave, use_plugin
 from colls.testing.spawn import SpawnError, spawn
 
-__all__ = ["ALL_CHECKS", "CHECKS", "FAILURE_CHECKS", "ConformanceError", "check_backend",
-           "run_suite"]
+__all__ = ["ALL_CHECKS", "CHECKS", "FAILURE_CHECKS", "SHRINK", "ConformanceError",
+           "check_backend", "run_suite"]
 
 #: Every check that runs inside the suite's job, in the order each rank runs them.
 CHECKS: Final[dict[str, Callable[[Suite], None]]] = {
@@ -81,10 +94,13 @@ CHECKS: Final[dict[str, Callable[[Suite], None]]] = {
 }
 #: The check that runs jobs of its own (a rank dies in each), after the suite's jobs.
 DEAD_PEER: Final = "dead_peer"
+#: The check where ranks die and the survivors shrink the world (a job of its own, last; only
+#: for a backend whose spec declares ``shrink=True``).
+SHRINK: Final = shrink.NAME
 #: Every check name ``check_backend(checks=...)`` accepts, in the order they run.
-ALL_CHECKS: Final = (*CHECKS, DEAD_PEER)
+ALL_CHECKS: Final = (*CHECKS, DEAD_PEER, SHRINK)
 #: The checks of the failure paths (each names the contract clause it tests).
-FAILURE_CHECKS: Final = ("wrong_size", "timeout", "close", DEAD_PEER)
+FAILURE_CHECKS: Final = ("wrong_size", "timeout", "close", DEAD_PEER, SHRINK)
 
 DEFAULT_WORLD_SIZES: Final = (1, 2, 3, 4, 5, 7)
 ARRAY_LIBRARIES: Final = ("numpy", "torch")
@@ -187,8 +203,9 @@ def check_backend(
 ) -> None:
     """Run the conformance suite on ``backend`` for each world size; raise on the first failure.
 
-    On success it prints one line: the checks run, the world sizes, the seconds it took and
-    how dead peers were checked (see :attr:`colls.backend.BackendSpec.dead_peers`).
+    On success it prints one line: the checks run, the world sizes, the seconds it took, how
+    dead peers were checked (see :attr:`colls.backend.BackendSpec.dead_peers`) and whether the
+    shrink check ran (see :attr:`colls.backend.BackendSpec.shrink`).
 
     Args:
         backend: the backend name, as passed to ``init_process_group``.
@@ -198,10 +215,13 @@ def check_backend(
         timeout: seconds each job may take before it counts as hung.
         quick: fewer dtypes and counts (every collective still runs), for slow transports.
         checks: names from :data:`ALL_CHECKS` to run (default: all, in order). ``"dead_peer"``
-            runs four jobs of its own on three ranks, whatever ``world_sizes`` says.
+            runs four jobs of its own on three ranks, whatever ``world_sizes`` says;
+            ``"shrink"`` one job of four ranks, and only when the backend's spec declares
+            ``shrink=True`` (skipped otherwise, even when named).
         launcher: "spawn" (:func:`colls.testing.spawn`, a store rendezvous) or "mpiexec"
             (:func:`colls.testing.mpirun.run_mpi`: ``mpiexec -n N``, the MPI world, no store).
-            The dead-peer jobs always use spawn: mpiexec stops the whole job when a rank dies.
+            The dead-peer and shrink jobs always use spawn: mpiexec stops the whole job when a
+            rank dies.
         env: environment variables set in every rank before the backend is initialised, on
             top of :data:`JOB_ENV` (a name in both takes ``env``'s value). Every rank gets the
             same values, as the backends require (e.g. ``{"COLLS_SHM": "0"}`` keeps the tcp
@@ -257,10 +277,36 @@ def check_backend(
         dead_peers = _check_dead_peers(backend, spec.dead_peers, plugin, array_library,
                                        timeout, job_env)
         ran += spec.dead_peers != DEAD_PEERS_LAUNCHER
+    shrinking = "not checked (not among the checks)"
+    if SHRINK in names:
+        shrinking, shrank = _check_shrink(backend, spec, plugin, array_library, timeout,
+                                          job_env)
+        ran += shrank
     sizes = ", ".join(map(str, world_sizes)) if in_job else "none"
     print(f"check_backend({backend!r}): passed {ran} checks ({cases} cases on rank 0) "
           f"at world sizes {sizes} in {time.monotonic() - started:.1f} s; dead peers: "
-          f"{dead_peers}", flush=True)
+          f"{dead_peers}; shrink: {shrinking}", flush=True)
+
+
+def _check_shrink(backend: str, spec: BackendSpec, plugin: str | None, array_library: str,
+                  timeout: float, job_env: Mapping[str, str]) -> tuple[str, bool]:
+    """Run the shrink job if ``spec`` declares support; return the summary's words and whether
+    it ran."""
+    if not spec.shrink:
+        return "not checked (the backend does not declare shrink=True)", False
+    if spec.dead_peers == DEAD_PEERS_LAUNCHER:
+        return ("not checked: the backend declares dead_peers='launcher' (its launcher stops "
+                "the whole job when a rank dies)"), False
+    with shrink.served_store() as store_env:
+        try:
+            reports = spawn(shrink.survive_and_shrink, shrink.WORLD_SIZE,
+                            args=(backend, plugin, spec.dead_peers, array_library, SEED),
+                            backend=None, timeout=timeout, env={**job_env, **store_env},
+                            victims=shrink.VICTIMS)
+        except SpawnError as exc:
+            raise ConformanceError(
+                _summary(backend, shrink.WORLD_SIZE, array_library, str(exc))) from None
+    return shrink.summary(reports), True
 
 
 def _check_dead_peers(backend: str, mode: str, plugin: str | None, array_library: str,

@@ -34,5 +34,13 @@ def _create(store: Store, rank: int, world_size: int, options: BackendOptions) -
 
 @hookimpl
 def colls_backends() -> list[BackendSpec]:
-    """Return the nccl backend's spec: CUDA arrays only."""
-    return [BackendSpec(name="nccl", devices=("cuda",), create=_create, available=_available)]
+    """Return the nccl backend's spec: CUDA arrays only.
+
+    ``shrink=True``: the core's generic shrink aborts the broken group (``abort`` is
+    ``ncclCommAbort``, which abandons unfinished work and returns at once; ``close`` after it
+    does not drain or destroy) and creates a fresh communicator of the survivors from a unique
+    id published through the store, as at init. Not yet run on a GPU: the conformance suite's
+    ``"shrink"`` check moves host arrays, and a shrink needs ranks on distinct GPUs.
+    """
+    return [BackendSpec(name="nccl", devices=("cuda",), create=_create, available=_available,
+                        shrink=True)]

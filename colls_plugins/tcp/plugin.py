@@ -17,6 +17,11 @@ def _available() -> str | None:
 
 @hookimpl
 def colls_backends() -> list[BackendSpec]:
-    """Return the tcp backend's spec: CPU arrays, and CUDA arrays staged through the host."""
+    """Return the tcp backend's spec: CPU arrays, and CUDA arrays staged through the host.
+
+    Its groups shrink and grow through the core (``shrink=True``): a dead peer's connection
+    fails the group at once (the failure listener), abort and close wait on nobody, and a
+    group is built from the store alone.
+    """
     return [BackendSpec(name="tcp", devices=("cpu", "cuda"), create=TcpBackend,
-                        available=_available)]
+                        available=_available, shrink=True)]

@@ -8,7 +8,9 @@ pytest test per world size, so a failure points at the size that broke; the mess
 
 The failure checks (timeouts, close, wrong sizes, dead peers) test the backend rather than the
 world size and some start jobs of their own, so they run once per transport, in
-:func:`test_failure_paths`, and the per-size tests run every other check.
+:func:`test_failure_paths`, and the per-size tests run every other check. The shrink check
+(ranks SIGKILLed, the survivors shrink the world twice) is a job of its own per transport, in
+:func:`test_shrink`.
 
 ``check_backend(..., env=...)`` is how the setting reaches every rank;
 :func:`test_env_reaches_every_rank` proves that it does, and tests/tcp proves that ``COLLS_SHM=0``
@@ -20,7 +22,7 @@ from __future__ import annotations
 import pytest
 
 from colls.testing import ConformanceError, check_backend
-from colls.testing.conformance import ALL_CHECKS, FAILURE_CHECKS
+from colls.testing.conformance import ALL_CHECKS, FAILURE_CHECKS, SHRINK
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 7)
 #: A world of one sends nothing, so the socket runs start at two ranks.
@@ -33,6 +35,8 @@ TRANSPORTS = {"shm": {}, "sockets": SOCKETS}
 HAPPY_PATH = tuple(name for name in ALL_CHECKS if name not in FAILURE_CHECKS)
 #: A world of one (nobody to wait for) and of three (a ring with a non-power-of-two size).
 FAILURE_WORLD_SIZES = (1, 3)
+#: The failure checks but shrink, which test_shrink runs.
+FAILURE_PATHS = tuple(name for name in FAILURE_CHECKS if name != SHRINK)
 
 
 @pytest.mark.timeout(200)
@@ -60,13 +64,26 @@ def test_conformance_torch(transport: str, world_size: int) -> None:
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
 def test_failure_paths(transport: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Timeouts, close, wrong sizes and dead peers (SIGKILL, os._exit) on each transport."""
-    check_backend("tcp", world_sizes=FAILURE_WORLD_SIZES, timeout=120, checks=FAILURE_CHECKS,
+    check_backend("tcp", world_sizes=FAILURE_WORLD_SIZES, timeout=120, checks=FAILURE_PATHS,
                   env=TRANSPORTS[transport])
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert summary.startswith("check_backend('tcp'): passed 4 checks ("), summary
     assert "at world sizes 1, 3 in " in summary, summary
     assert summary.endswith("dead peers: detected (SIGKILL and os._exit, during a receive and "
-                            "during an all_reduce)"), summary
+                            "during an all_reduce); shrink: not checked (not among the "
+                            "checks)"), summary
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_shrink(transport: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """tcp declares shrink=True: four ranks, one SIGKILLed, then another; survivors shrink."""
+    check_backend("tcp", timeout=120, checks=(SHRINK,), env=TRANSPORTS[transport])
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("check_backend('tcp'): passed 1 checks ("), summary
+    assert ("shrink: checked (rank 1 of 4 SIGKILLed in an all_reduce loop, shrunk to 3 in "
+            in summary), summary
+    assert "; then rank 0 of 3 SIGKILLed in an all_reduce loop, shrunk to 2 in " in summary
 
 
 @pytest.mark.timeout(200)
