@@ -249,7 +249,7 @@ def _check_shrunk_world(s: Suite, phase: int) -> None:
                                  f"all_gather's entry of rank {r} of the shrunk world")
 
 
-def summary(reports: list[list[dict[str, Any]] | None]) -> str:
+def summary(reports: list[list[dict[str, Any]] | None], mode: str) -> str:
     """Return the summary's words for a job whose survivors reported ``reports``."""
     survivors = [r for r in reports if r is not None]
     steps = []
@@ -257,4 +257,6 @@ def summary(reports: list[list[dict[str, Any]] | None]) -> str:
         slowest = max(report[number]["shrink_s"] for report in survivors)
         steps.append(f"rank {phase.victim} of {phase.size} SIGKILLed in an all_reduce loop, "
                      f"shrunk to {phase.size - 1} in {slowest:.1f} s")
-    return "checked (" + "; then ".join(steps) + ")"
+    pace = "" if mode == DEAD_PEERS_DETECTED else (
+        f", at the group timeout (the backend declares dead_peers={mode!r})")
+    return "checked (" + "; then ".join(steps) + pace + ")"

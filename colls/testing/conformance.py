@@ -306,7 +306,7 @@ def _check_shrink(backend: str, spec: BackendSpec, plugin: str | None, array_lib
         except SpawnError as exc:
             raise ConformanceError(
                 _summary(backend, shrink.WORLD_SIZE, array_library, str(exc))) from None
-    return shrink.summary(reports), True
+    return shrink.summary(reports, spec.dead_peers), True
 
 
 def _check_dead_peers(backend: str, mode: str, plugin: str | None, array_library: str,

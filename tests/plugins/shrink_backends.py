@@ -4,7 +4,10 @@
 stand-in for any transport), plus the optional fail-fast hooks, so every collective comes from
 colls.algorithms over that point-to-point. Its spec declares ``shrink=True``: the core shrinks
 its groups by creating fresh ones through the factory. ``p2p_rigid`` is the same backend without
-the declaration, which ``colls.shrink_group`` refuses. Registered in the ranks by module name:
+the declaration, which ``colls.shrink_group`` refuses. ``p2p_silent`` declares it without the
+failure listener, and so ``dead_peers="timeout"``: the core never learns which rank died, and
+shrinks at the group timeout. ``p2p_mute`` is ``p2p_silent`` claiming ``dead_peers="detected"``,
+which the shrink check catches. Registered in the ranks by module name:
 ``check_backend("p2p_only", plugin="shrink_backends")``.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from colls.backend import Backend, BackendSpec
+from colls.backend import DEAD_PEERS_TIMEOUT, Backend, BackendSpec
 from colls.hookspecs import hookimpl
 from colls_plugins.tcp.backend import TcpBackend
 
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
 
 SHRINKABLE = "p2p_only"
 RIGID = "p2p_rigid"
+SILENT = "p2p_silent"
+MUTE = "p2p_mute"
 
 
 class PointToPointOnly(Backend):
@@ -52,10 +57,20 @@ class PointToPointOnly(Backend):
         self._transport.close()
 
 
+class Silent(PointToPointOnly):
+    """Tells the core nothing of a vanished peer: the group breaks when a call fails."""
+
+    def set_failure_listener(self, callback: Callable[[int, BaseException], None]) -> None:
+        """Drop the listener."""
+
+
 @hookimpl
 def colls_backends() -> list[BackendSpec]:
-    """Return the declared backend and the undeclared one."""
+    """Return the declared backends and the undeclared one."""
     return [
         BackendSpec(name=SHRINKABLE, devices=("cpu",), create=PointToPointOnly, shrink=True),
         BackendSpec(name=RIGID, devices=("cpu",), create=PointToPointOnly),
+        BackendSpec(name=SILENT, devices=("cpu",), create=Silent, shrink=True,
+                    dead_peers=DEAD_PEERS_TIMEOUT),
+        BackendSpec(name=MUTE, devices=("cpu",), create=Silent, shrink=True),
     ]

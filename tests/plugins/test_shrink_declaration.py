@@ -19,7 +19,8 @@ import colls
 from colls import plugin_manager
 from colls.backend import BackendSpec
 from colls.errors import BackendError
-from colls.testing import check_backend
+from colls.testing import ConformanceError, check_backend
+from colls.testing import _checks_shrink as shrinking
 from colls.testing.conformance import SHRINK
 from colls_plugins.nccl import plugin as nccl_plugin
 from colls_plugins.tcp import plugin as tcp_plugin
@@ -79,3 +80,30 @@ def test_a_point_to_point_only_backend_that_declares_it_passes_the_check(
     assert summary.startswith("check_backend('p2p_only'): passed 1 checks ("), summary
     assert "shrink: checked (rank 1 of 4 SIGKILLed in an all_reduce loop, shrunk to 3" in (
         summary)
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+def test_a_backend_that_never_names_the_dead_shrinks_at_its_timeout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """No failure listener: survivors get a plain BackendError, the agreement waits for the
+    group timeout (3 s in the job), and the shrunk world still works."""
+    check_backend(shrink_backends.SILENT, checks=(SHRINK,), plugin=PLUGIN,
+                  timeout=JOB_TIMEOUT_S)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.endswith(", at the group timeout (the backend declares "
+                            "dead_peers='timeout'))"), summary
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+def test_the_check_catches_a_backend_that_claims_detection_but_never_names_the_dead() -> None:
+    with pytest.raises(ConformanceError) as info:
+        check_backend(shrink_backends.MUTE, checks=(SHRINK,), plugin=PLUGIN,
+                      timeout=JOB_TIMEOUT_S)
+    message = str(info.value)
+    assert ("conformance check 'shrink' failed (backend='p2p_mute', world_size=4, rank="
+            in message), message
+    assert "phase=1 of 2, victim=rank 1, dead_peers=detected" in message, message
+    assert f"clause={shrinking.CLAUSE}" in message, message
+    assert ("expected a PeerFailedError naming the dead rank: a backend that detects deaths "
+            "must report a vanished peer through the failure listener (set_failure_listener)"
+            in message), message
