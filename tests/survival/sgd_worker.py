@@ -110,7 +110,8 @@ def main() -> None:
             if die_in_shrink:
                 os.kill(os.getpid(), signal.SIGKILL)
             generation = colls.shrink_group().generation
-            say(f"slot {slot} now rank {colls.get_rank()} of {colls.get_world_size()}")
+            shm = getattr(colls.group.WORLD.backend, "_shm", None) is not None  # tcp's host group
+            say(f"slot {slot} now rank {colls.get_rank()} of {colls.get_world_size()} shm={shm}")
             w, step, schedule = take_state_from_rank_0(w, step, schedule)
     digest = hashlib.sha256(w.tobytes()).hexdigest()
     say(f"final slot={slot} rank={colls.get_rank()} schedule={','.join(map(str, schedule))} "

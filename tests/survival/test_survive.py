@@ -65,6 +65,8 @@ def test_survivors_shrink_and_go_on(kill: str, survivors: list[int]) -> None:
     assert sorted(f[0] for f in finals) == survivors
     for slot in survivors:
         assert f"slot {slot} saw dead" in result.stdout
+        # the shrunk group's ranks still share memory on this host
+        assert re.search(rf"slot {slot} now rank \d+ of {len(survivors)} shm=True", result.stdout)
 
 
 @pytest.mark.timeout(180)
