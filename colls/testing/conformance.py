@@ -203,9 +203,9 @@ def check_backend(
 ) -> None:
     """Run the conformance suite on ``backend`` for each world size; raise on the first failure.
 
-    On success it prints one line: the checks run, the world sizes, the seconds it took, how
-    dead peers were checked (see :attr:`colls.backend.BackendSpec.dead_peers`) and whether the
-    shrink check ran (see :attr:`colls.backend.BackendSpec.shrink`).
+    On success it prints one line: the checks run, the world sizes, the seconds it took,
+    whether the shrink check ran (see :attr:`colls.backend.BackendSpec.shrink`) and how dead
+    peers were checked (see :attr:`colls.backend.BackendSpec.dead_peers`).
 
     Args:
         backend: the backend name, as passed to ``init_process_group``.
@@ -284,8 +284,8 @@ def check_backend(
         ran += shrank
     sizes = ", ".join(map(str, world_sizes)) if in_job else "none"
     print(f"check_backend({backend!r}): passed {ran} checks ({cases} cases on rank 0) "
-          f"at world sizes {sizes} in {time.monotonic() - started:.1f} s; dead peers: "
-          f"{dead_peers}; shrink: {shrinking}", flush=True)
+          f"at world sizes {sizes} in {time.monotonic() - started:.1f} s; shrink: "
+          f"{shrinking}; dead peers: {dead_peers}", flush=True)
 
 
 def _check_shrink(backend: str, spec: BackendSpec, plugin: str | None, array_library: str,
