@@ -22,6 +22,7 @@ dereference a device pointer. Reductions are staged either way (see ``host_stage
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import itertools
 import os
@@ -33,10 +34,10 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from colls.backend import Backend, every_rank_has_a_core
-from colls.errors import BackendError, CollsTimeoutError
+from colls.errors import BackendError, BackendUnavailableError, CollsTimeoutError
 from colls.fingerprint import SIGNATURE_BITS, CollectiveMismatchError, describe_tag
 from colls.work import Work
-from colls_plugins.mpi import runtime
+from colls_plugins.mpi import communicators, runtime, ulfm
 from colls_plugins.mpi.agreement import Agreement
 from colls_plugins.mpi.communicators import check_ranks, communicator
 from colls_plugins.mpi.datatypes import ReductionTable
@@ -101,6 +102,8 @@ class MpiBackend(Backend):
         world_size: the group size.
         options: the group's options; ``global_ranks`` are the members' MPI_COMM_WORLD ranks
             (colls requires world rank == MPI rank).
+        comm: the group's communicator, already built (:meth:`shrink` passes the survivors'),
+            instead of one built from ``options.global_ranks``; the backend owns it.
 
     Raises:
         BackendUnavailableError: MPI cannot be loaded or lacks MPI_THREAD_MULTIPLE.
@@ -111,7 +114,8 @@ class MpiBackend(Backend):
     devices: tuple[str, ...] = ("cpu", "cuda")
 
     def __init__(
-        self, store: Store, rank: int, world_size: int, options: BackendOptions
+        self, store: Store, rank: int, world_size: int, options: BackendOptions,
+        *, comm: Any = None,
     ) -> None:
         super().__init__(store, rank, world_size, options)
         MPI = runtime.initialized_mpi()
@@ -120,8 +124,15 @@ class MpiBackend(Backend):
         self._BYTE = MPI.BYTE
         self._IN_PLACE = MPI.IN_PLACE
         self._where = f"group {options.group_name!r} (rank {rank} of {world_size})"
-        check_ranks(MPI, rank, world_size, options)
-        self._comm = communicator(MPI, options.global_ranks)
+        if comm is None:
+            check_ranks(MPI, rank, world_size, options)
+            comm = communicator(MPI, options.global_ranks)
+        elif (comm.Get_rank(), comm.Get_size()) != (rank, world_size):
+            raise ValueError(f"mpi: {self._where}: the communicator given has rank "
+                             f"{comm.Get_rank()} of {comm.Get_size()}")
+        self._comm = comm
+        #: Whether MPI reports dead peers instead of the launcher ending the job (ULFM).
+        self._ulfm = ulfm.active(MPI)
         self._internal = self._comm.Dup()
         self._tag_ub = int(self._comm.Get_attr(MPI.TAG_UB))
         self._reductions = _reduction_table(MPI)
@@ -307,9 +318,13 @@ class MpiBackend(Backend):
         def describe(exc: Exception, status: Any) -> BaseException:
             MPI = self._MPI
             if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+                # Open MPI's status holds the message's size (its error text does not); MPICH's
+                # text does ("32 bytes received but buffer size is 8").
+                count = status.Get_count(self._BYTE)
+                size = f"has {count} bytes, " if count > nbytes else "is "
                 error = BackendError(
                     f"mpi {what} on {self._where}: the message from rank "
-                    f"{status.Get_source()} is larger than the {nbytes}-byte receive buffer "
+                    f"{status.Get_source()} {size}larger than the {nbytes}-byte receive buffer "
                     f"(MPI: {_mpi_text(exc)})"
                 )
             else:
@@ -520,7 +535,98 @@ class MpiBackend(Backend):
             )
 
     def _failure(self, what: str, exc: Exception) -> BackendError:
+        if self._ulfm and ulfm.is_peer_failure(self._MPI, exc):
+            return self._peer_failure(what, exc)
         return BackendError(f"mpi {what} on {self._where} failed: {_mpi_text(exc)}")
+
+    def _peer_failure(self, what: str, exc: Exception) -> BackendError:
+        """Break the group on a dead peer (ULFM) and return the error naming the dead ranks.
+
+        The communicators are revoked first, so every survivor's pending and next call fails
+        at once instead of waiting on the dead rank (under ULFM only the ranks that talk to it
+        directly are told by MPI).
+        """
+        ulfm.revoke(self._comm, self._internal)
+        dead = [self.options.global_ranks[r] for r in ulfm.known_failed(self._MPI, self._comm)]
+        who = (f"rank{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} died"
+               if dead else "a peer died (a survivor revoked the group; which rank is not known "
+               "here yet: shrink_group agrees on it)")
+        if self._broken is None:
+            self._broken = f"{who} (MPI fault tolerance: shrink the group to go on)"
+        return ulfm.peer_failure(f"mpi {what} on {self._where} failed: {who} "
+                                 f"(MPI: {_mpi_text(exc)})", dead)
+
+    # -- surviving a dead rank (issue 36) ------------------------------------------------------
+
+    def shrink(self, ranks_to_exclude: list[int] | None, options: BackendOptions
+               ) -> tuple[MpiBackend, list[int]]:
+        """Return a backend over the survivors (old order, renumbered) and the excluded ranks.
+
+        Collective over every live member (MPI's shrink; MPI agrees on the dead). An explicit
+        ``ranks_to_exclude`` must name exactly the ranks dead by then (a live rank named there
+        is waited for until it ends: :func:`.ulfm.shrink`). Revokes this group's communicators
+        first, so a peer still waiting in a collective of this group fails now and comes to
+        shrink too. This backend is broken afterwards (close or abort it). The world group's
+        shrunk communicator becomes the one later groups are built from (colls renumbers its
+        world ranks).
+
+        Args:
+            ranks_to_exclude: group ranks to leave out, or None for those MPI agrees are dead.
+            options: the new group's name and timeout; its ``global_ranks`` are replaced by
+                the survivors' world ranks (``0..n-1`` when the world group shrinks).
+
+        Raises:
+            BackendUnavailableError: this MPI has no usable ULFM (says which library and what
+                to use instead): never a pretended shrink.
+            ValueError: ``ranks_to_exclude`` names a rank out of range, or this rank.
+            BackendError: ``ranks_to_exclude`` is not the set MPI agreed is dead (names a rank
+                still alive, or leaves out a dead one: then a PeerFailedError naming it).
+        """
+        MPI = self._MPI
+        reason = ulfm.missing(MPI)
+        if reason is not None:
+            raise BackendUnavailableError(
+                f"mpi: cannot shrink {self._where}: {reason}. Shrinking needs ULFM (MPI fault "
+                f"tolerance); {ulfm.REMEDY}"
+            )
+        if ranks_to_exclude is not None:
+            bad = [r for r in ranks_to_exclude
+                   if type(r) is not int or not 0 <= r < self.world_size or r == self.rank]
+            if bad:
+                raise ValueError(
+                    f"mpi shrink on {self._where}: ranks_to_exclude {list(ranks_to_exclude)} "
+                    f"names {bad[0]!r}: expected other group ranks in 0..{self.world_size - 1} "
+                    "(only survivors call shrink)"
+                )
+        self._broken = self._broken or "the group was shrunk; use the shrunk group"
+        ulfm.revoke(self._comm, self._internal)
+        world = communicators.world_communicator(MPI)
+        whole_world = tuple(self.options.global_ranks) == tuple(range(world.Get_size()))
+        try:
+            comm, gone = ulfm.shrink(MPI, self._comm, self.options.global_ranks,
+                                     ranks_to_exclude)
+        except MPI.Exception as exc:
+            raise self._failure("shrink", exc) from exc
+        survivors = [g for r, g in enumerate(self.options.global_ranks) if r not in gone]
+        if whole_world:  # colls renumbers its world, as MPI's shrink does
+            communicators.set_world(comm.Dup())
+            survivors = list(range(len(survivors)))
+        options = dataclasses.replace(options, global_ranks=tuple(survivors))
+        backend = MpiBackend(self.store, comm.Get_rank(), comm.Get_size(), options, comm=comm)
+        return backend, gone
+
+    def grow(self, *args: Any, **kwargs: Any) -> MpiBackend:
+        """Refuse: growing needs MPI dynamic processes, which this backend does not support.
+
+        Raises:
+            BackendError: always, saying to use the tcp backend.
+        """
+        raise BackendError(
+            f"mpi: grow_group on {self._where} is not supported: a replacement rank would have "
+            "to join through MPI dynamic processes (MPI_Comm_spawn or MPI_Comm_connect/accept "
+            "and MPI_Intercomm_merge), which the mpi backend does not implement; use the tcp "
+            "backend to grow a group"
+        )
 
     def abort(self, error: BaseException) -> None:
         """Fail everything pending now: the group is broken (colls.health calls this).
@@ -530,6 +636,8 @@ class MpiBackend(Backend):
         """
         if self._broken is None:
             self._broken = f"the group was aborted ({error})"
+        if self._ulfm:  # tell the peers now; never MPI_Abort, which would end the survivors
+            ulfm.revoke(self._comm, self._internal)
         for item in self._progress.close(str(error)):
             _cancel(item)
 

@@ -14,12 +14,16 @@ backend's progress thread at the same time as from the caller's.
 from __future__ import annotations
 
 import atexit
+import functools
+import os
+import signal
 import sys
 import threading
 from typing import Any, Final
 
 from colls import env
 from colls.errors import BackendUnavailableError
+from colls_plugins.mpi import ulfm
 
 #: What brings the mpi extra (mpi4py plus the MPICH wheel), as written from a checkout of colls.
 INSTALL_HINT: Final = "pip install -e '.[mpi]' in a checkout of colls, or pip install mpi4py mpich"
@@ -127,6 +131,10 @@ def abort_on_uncaught_exception(MPI: Any) -> None:
     calls ``MPI_Abort`` on ``MPI_COMM_WORLD``, which makes mpiexec end every rank. An
     application that wants another policy sets its own ``sys.excepthook`` after
     ``init_process_group``.
+
+    Under ULFM (``mpiexec --with-ft ulfm``, see :mod:`.ulfm`) the survivors must live: the hook
+    then ends only this process, at once and without ``MPI_Finalize`` (which would wait for
+    the others), so MPI reports it to them as a failed process.
     """
     global _hook_installed
     with _lock:
@@ -140,23 +148,42 @@ def abort_on_uncaught_exception(MPI: Any) -> None:
             previous(exc_type, exc, tb)  # the traceback, once, as without colls
         finally:
             if MPI.Is_initialized() and not MPI.Is_finalized():
+                survive = ulfm.active(MPI)
                 world = MPI.COMM_WORLD
+                what = (
+                    "leaving the MPI job without MPI_Abort: fault tolerance is on (ULFM, "
+                    "mpiexec --with-ft ulfm), so the other ranks see this rank fail and may "
+                    "shrink their groups" if survive else
+                    "aborting the MPI job (MPI_Abort) so the other ranks stop too"
+                )
                 sys.stderr.write(
                     f"colls: rank {world.Get_rank()} of {world.Get_size()} stopped on an "
-                    f"uncaught {exc_type.__name__}; aborting the MPI job (MPI_Abort) so the "
-                    "other ranks stop too\n"
+                    f"uncaught {exc_type.__name__}; {what}\n"
                 )
                 sys.stderr.flush()
+                end = _die if survive else functools.partial(world.Abort, 1)
                 if sys.stderr is sys.__stderr__:
-                    world.Abort(1)
+                    end()
                 else:
                     # An outer hook captured stderr (torch.distributed's, to prefix each line
                     # with the rank) and prints it only once this hook has returned: abort at
                     # exit instead, which comes next, before MPI_Finalize could wait for the
                     # other ranks (atexit runs the handler registered last first).
-                    atexit.register(world.Abort, 1)
+                    atexit.register(end)
 
     sys.excepthook = abort_hook
+
+
+def _die() -> None:
+    """End this process now, as a failed MPI process (no MPI_Finalize, no further atexit).
+
+    By SIGKILL, not ``os._exit(1)``: Open MPI 5's runtime (PRRTE, ``--with-ft ulfm``) reports a
+    process killed by a signal to the survivors as failed, but not one that exits with a
+    non-zero status (they then waited in their collective until the group timeout).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def world() -> tuple[int, int]:
@@ -197,6 +224,21 @@ def _mpix_cuda_support() -> bool | None:
     """
     import ctypes
 
+    query = libmpi_function("MPIX_Query_cuda_support")
+    if query is None:
+        return None
+    query.restype, query.argtypes = ctypes.c_int, []
+    return bool(query())
+
+
+def libmpi_function(name: str) -> Any:
+    """Return the function ``name`` of the MPI library loaded in this process, or None.
+
+    None: no library is mapped into the process under a name holding "libmpi" (read from
+    ``/proc/self/maps``; not Linux), or none of them exports ``name``.
+    """
+    import ctypes
+
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "libmpi" in line and "/" in line}
@@ -204,12 +246,11 @@ def _mpix_cuda_support() -> bool | None:
         return None
     for path in sorted(paths):
         try:
-            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
+            function = getattr(ctypes.CDLL(path), name, None)
         except OSError:
             continue
-        if query is not None:
-            query.restype, query.argtypes = ctypes.c_int, []
-            return bool(query())
+        if function is not None:
+            return function
     return None
 
 

@@ -424,3 +424,30 @@ def staged_device_arrays(rank: int, world_size: int) -> dict[str, Any]:
                 "sender": sender, "syncs": len(syncs)}
     finally:
         del sys.modules["cupy"]
+
+
+# -- surviving a dead rank (test_mpi_shrink) --------------------------------------------------
+
+
+def shrink_refused(rank: int, world_size: int) -> dict[str, str]:
+    """Ask the backend to shrink where MPI has no usable ULFM; return what it raised."""
+    from colls.errors import BackendUnavailableError
+    from colls_plugins.mpi.ulfm import library_name
+
+    backend = _backend()
+    try:
+        backend.shrink(None, backend.options)
+    except BackendUnavailableError as exc:
+        colls.barrier()  # the group still works: nothing was revoked
+        return {"type": type(exc).__name__, "message": str(exc),
+                "library": library_name(_mpi())}
+    raise AssertionError("shrink did not refuse")
+
+
+def grow_refused(rank: int, world_size: int) -> str:
+    """Ask the backend to grow; return the message of the BackendError it raises."""
+    try:
+        _backend().grow()
+    except BackendError as exc:
+        return str(exc)
+    raise AssertionError("grow did not refuse")
