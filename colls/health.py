@@ -538,7 +538,8 @@ class GroupHealth:
             flight_recorder.dump_once(("store-lost",), f"lost the store ({exc})")
         self._break(
             f"lost the connection to {getattr(store, 'description', store)}, hosted by "
-            f"{host}, which probably died ({exc}); this rank was {self._where()}",
+            f"{host}, which probably died or is cut off from this rank ({exc}); this rank was "
+            f"{self._where()}",
             cause=exc, record=None,
         )
 
