@@ -37,8 +37,8 @@ from torch.distributed import (  # torch's own: with one world they act on colls
     GatherOptions,
     GradBucket,
     Logger,
-    Reducer,
     ReduceOptions,
+    Reducer,
     ReduceScatterOptions,
     ScatterOptions,
     init_device_mesh,
@@ -66,7 +66,13 @@ from colls_torch._collectives import (
     scatter,
 )
 from colls_torch._debug import breakpoint
-from colls_torch._errors import DistBackendError, DistError, DistNetworkError, DistStoreError
+from colls_torch._errors import (
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistStoreError,
+    PeerFailedError,
+)
 from colls_torch._extras import (
     all_gather_coalesced,
     all_gather_multigpu,
@@ -116,6 +122,7 @@ from colls_torch._objects import (
 from colls_torch._ops import ReduceOp
 from colls_torch._ops import _make_nccl_premul_sum as _make_nccl_premul_sum  # torch's private name
 from colls_torch._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from colls_torch._resize import SHRINK_ABORT, SHRINK_DEFAULT, grow_group, shrink_group
 from colls_torch._stores import FileStore, HashStore, PrefixStore, Store, TCPStore
 from colls_torch._work import Work
 
@@ -157,6 +164,7 @@ __all__ = [
     "HashStore",
     "Logger",
     "P2POp",
+    "PeerFailedError",
     "PrefixStore",
     "ProcessGroup",
     "ProcessGroupColls",
@@ -164,6 +172,8 @@ __all__ = [
     "ReduceOptions",
     "ReduceScatterOptions",
     "Reducer",
+    "SHRINK_ABORT",
+    "SHRINK_DEFAULT",
     "ScatterOptions",
     "Store",
     "TCPStore",
@@ -200,6 +210,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "group",
+    "grow_group",
     "init_device_mesh",
     "init_process_group",
     "irecv",
@@ -232,6 +243,7 @@ __all__ = [
     "scatter_object_list",
     "send",
     "send_object_list",
+    "shrink_group",
     "supports_complex",
     "timedelta",
 ]

@@ -78,8 +78,26 @@ class InvalidGroupError(ValueError, TypeError):
 
 
 class InvalidRankError(ValueError, RuntimeError):
-    """init_process_group's rank out of range for its world_size: colls' ValueError, and the
-    RuntimeError of gloo's check ("rank < size. 2 vs 1")."""
+    """A rank torch refuses with a RuntimeError and colls with a ValueError: init_process_group's
+    rank out of range for its world_size (gloo's check, "rank < size. 2 vs 1"), or the caller's
+    own rank in shrink_group's ``ranks_to_exclude`` (torch's check)."""
+
+
+class PeerFailedError(DistBackendError):
+    """A call failed because peers of its group died: torch's ``DistBackendError``, carrying
+    colls' :attr:`failed_ranks` (``colls.PeerFailedError``'s torch face).
+
+    Attributes:
+        failed_ranks: the world ranks this process knew to be dead when it raised (sorted
+            tuple); ``colls_torch.shrink_group(None)`` agrees on one set for all survivors.
+    """
+
+    def __init__(self, message: str, failed_ranks: tuple[int, ...] | frozenset[int] = ()) -> None:
+        super().__init__(message)
+        self.failed_ranks: tuple[int, ...] = tuple(sorted(failed_ranks))
+
+    def __reduce__(self) -> tuple[type, tuple[str, tuple[int, ...]]]:
+        return (type(self), (str(self), self.failed_ranks))
 
 
 #: colls error class -> the exception torch raises in the same situation. First match wins.
@@ -87,6 +105,7 @@ class InvalidRankError(ValueError, RuntimeError):
 COLLS_TO_TORCH: Final[tuple[tuple[type[BaseException], type[BaseException] | None], ...]] = (
     (errors.BackendUnavailableError, BackendUnavailableError),  # unknown or unusable name
     (StoreError, DistStoreError),  # also StoreTimeoutError: torch's store timeouts
+    (errors.PeerFailedError, PeerFailedError),  # peers died: DistBackendError + failed_ranks
     (NetworkError, DistNetworkError),  # a peer or the store server is unreachable / died
     (CollsTimeoutError, DistBackendError),  # a collective ran past its timeout
     (BackendError, DistBackendError),  # the transport failed
@@ -138,12 +157,19 @@ def torch_class_for(exc: BaseException) -> type[BaseException] | None:
     return None
 
 
+def _torch_error(cls: type[BaseException], exc: BaseException) -> BaseException:
+    """Return ``cls`` made from colls' ``exc``: its message, and what it carries."""
+    if issubclass(cls, PeerFailedError):
+        return cls(torch_message(exc), getattr(exc, "failed_ranks", ()))
+    return cls(torch_message(exc))
+
+
 def to_torch(exc: BaseException) -> BaseException:
     """Return the torch-family exception standing for ``exc`` (``exc`` itself if none)."""
     cls = torch_class_for(exc)
     if cls is None:
         return exc
-    new = cls(torch_message(exc))
+    new = _torch_error(cls, exc)
     new.__cause__ = exc
     return new
 
@@ -165,7 +191,7 @@ class _Translated:
         if exc is not None and isinstance(exc, CollsError):
             cls = torch_class_for(exc)
             if cls is not None:
-                raise cls(torch_message(exc)) from exc
+                raise _torch_error(cls, exc) from exc
         return False  # re-raise ``exc`` unchanged (or nothing was raised)
 
 
@@ -222,6 +248,7 @@ __all__ = [
     "DistStoreError",
     "InvalidGroupError",
     "InvalidRankError",
+    "PeerFailedError",
     "RendezvousError",
     "backend_call",
     "boundary",

@@ -117,7 +117,7 @@ def _colls_backend(backend: Any) -> str | None:
     """Return the colls backend name of a group made with torch's ``backend`` (None: default).
 
     For a device map such as ``"cpu:gloo,cuda:nccl"`` it is the cpu entry (else the first): the
-    group's own backend. The other entries get device groups (:func:`_add_device_groups`).
+    group's own backend. The other entries get device groups (:func:`add_device_groups`).
     """
     if backend is None:
         return None
@@ -130,7 +130,7 @@ def _colls_backend(backend: Any) -> str | None:
     return name
 
 
-def _add_device_groups(pg: Any, backend: Any, pg_options: Any) -> None:
+def add_device_groups(pg: Any, backend: Any, pg_options: Any) -> None:
     """Give ``pg`` a device group for every entry of a device map that names another backend.
 
     With ``"cpu:gloo,cuda:nccl"`` CPU tensors go through tcp (the group's own backend) and CUDA
@@ -191,7 +191,7 @@ def init_process_group(
     requested = str(backend).lower() if name else colls.get_backend()
     _REQUESTED_BACKEND[_WORLD_NAME] = requested
     try:
-        _add_device_groups(REGISTRY.default, backend, pg_options)
+        add_device_groups(REGISTRY.default, backend, pg_options)
         world = REGISTRY.default
         assert world is not None and REGISTRY.world_store is not None
         _world.adopt_world(world, REGISTRY.world_store, requested, timeout)
@@ -480,7 +480,7 @@ def new_group(
     if isinstance(pg, ProcessGroup):
         _REQUESTED_BACKEND[pg.name] = requested
     if _device_map(requested):  # every rank, members or not, gets here in the same order
-        _add_device_groups(pg, requested, pg_options)
+        add_device_groups(pg, requested, pg_options)
     if _world.torch_world() is None:
         return pg
     members = None if ranks is None else sorted(ranks)
@@ -544,6 +544,22 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]
     return mine, subgroups
 
 
+def forget_groups_but_world() -> None:
+    """Forget the backend names of every group but the world (after the world was renumbered
+    by a shrink or a grow, which retires every other group)."""
+    world = _REQUESTED_BACKEND.get(_WORLD_NAME)
+    _REQUESTED_BACKEND.clear()
+    if world is not None:
+        _REQUESTED_BACKEND[_WORLD_NAME] = world
+
+
+def rename_group(old: Any, new: ProcessGroup) -> None:
+    """Give ``new`` (the group that replaced ``old`` in a shrink) ``old``'s backend name."""
+    old_pg = known(old)
+    if isinstance(old_pg, ProcessGroup) and old_pg.name in _REQUESTED_BACKEND:
+        _REQUESTED_BACKEND[new.name] = _REQUESTED_BACKEND.pop(old_pg.name)
+
+
 def get_global_rank(group: Any, group_rank: int) -> int:
     """Translate ``group_rank`` of ``group`` to a world rank (identity for group.WORLD)."""
     if group is WORLD or group is _world.torch_world():
@@ -566,7 +582,9 @@ def get_process_group_ranks(group: Any) -> list[int]:
 __all__ = [
     "Backend",
     "GroupMember",
+    "add_device_groups",
     "destroy_process_group",
+    "forget_groups_but_world",
     "get_backend",
     "get_global_rank",
     "get_group_rank",
@@ -590,5 +608,6 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
+    "rename_group",
     "resolve",
 ]

@@ -121,10 +121,42 @@ class Work(_dist.Work):
         if exc is None:
             self._future.set_result(self._result)
         else:
-            self._future.set_exception(to_torch(exc))
+            fail(self._future, to_torch(exc))
 
     def __repr__(self) -> str:
         return f"<colls_torch.Work wrapping {self._inner!r}>"
+
+
+class _Failure:
+    """A failed future's value: raises the error when torch's C++ side reads it.
+
+    torch's Python ``Future.set_exception`` stores the exception as the future's *value* (its
+    unwrap function raises it for Python callers), so a C++ reader such as DDP's reducer
+    takes the exception object for a result: it looks for tensors in it by pickling it
+    (``torch._jit_internal._extract_tensors``), finds none and indexes past the end (the
+    process dies of SIGSEGV). Pickling this value raises the error instead, and the C++ caller
+    fails with it: DDP's ``backward()`` raises a RuntimeError carrying its type and message
+    ("Cannot extract tensors from value: PeerFailedError: ..."; torch keeps no more).
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise self.error
+
+
+def _raise_failure(value: Any) -> None:
+    if isinstance(value, _Failure):
+        raise value.error
+
+
+def fail(future: Future[Any], error: BaseException) -> None:
+    """Complete ``future`` with ``error``, for Python and C++ readers alike (:class:`_Failure`)."""
+    future._set_unwrap_func(_raise_failure)
+    future.set_result(_Failure(error))
 
 
 def wrap(inner: colls.Work | None, result: list[torch.Tensor] | None = None) -> Work | None:
@@ -137,4 +169,4 @@ def completed(result: list[torch.Tensor] | None = None) -> Work:
     return Work(colls.Work.completed(None), result)
 
 
-__all__ = ["Work", "completed", "wrap"]
+__all__ = ["Work", "completed", "fail", "wrap"]

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch.distributed as _dist
 
+from colls.errors import BackendError
 from colls.process_group import ProcessGroup
 from colls.store import PrefixStore
 from colls.store.base import Store
@@ -141,6 +142,31 @@ def torch_world() -> ProcessGroupColls | None:
     return pg if isinstance(pg, ProcessGroupColls) else None
 
 
+def replace_world(world: ProcessGroup, world_store: Store, requested: str) -> ProcessGroupColls:
+    """Make torch's default group a ProcessGroupColls over colls' new ``world``; return it.
+
+    After colls shrank or grew the default group (the world renumbered, colls' other groups
+    retired), torch's default group must follow, as after torch's own ``shrink_group`` of the
+    default group: every torch group is destroyed and the new world becomes torch's default.
+    Groups torch made itself (DeviceMesh's) run on colls groups of their own over the old
+    world's ranks: their backends are aborted first, so that closing them waits on no dead
+    peer. torch's default group is then made again over ``world``, with torch's keys under the
+    new world's store prefix (a new generation never reads the old one's keys).
+    """
+    for pg in list(_dist.distributed_c10d._world.pg_map):
+        inner = pg.colls_group if isinstance(pg, ProcessGroupColls) else None
+        if inner is not None and not inner.destroyed and inner is not world:
+            abort = getattr(inner.backend, "abort", None)
+            if callable(abort):
+                abort(BackendError(f"colls: group {inner.name!r} destroyed: the world it "
+                                   "belonged to was shrunk or grown"))
+    if _dist.is_initialized():
+        _dist.destroy_process_group()
+    pg = adopt_world(world, world_store, requested, None)
+    assert pg is not None  # torch was colls' before, so it is not another backend's now
+    return pg
+
+
 def adopt_group(group: Any, ranks: list[int] | None, requested: str,
                 timeout: datetime.timedelta | None, use_local_synchronization: bool,
                 group_desc: str | None) -> Any:
@@ -162,6 +188,7 @@ __all__ = [
     "StoreForTorch",
     "adopt_group",
     "adopt_world",
+    "replace_world",
     "torch_owned_by_other",
     "torch_store_of",
     "torch_world",
