@@ -93,10 +93,6 @@ def main() -> None:
     generation = colls.group.WORLD.generation  # the world this process has the state of
     while step < steps:
         try:
-            grown = colls.grow_group()
-            if grown.generation != generation:  # joiners came in: they take rank 0's state
-                generation = grown.generation
-                w, step, schedule = take_state_from_rank_0(w, step, schedule)
             if victim_step == step:
                 victim_step = None
                 kill_myself(kill_after_s)
@@ -105,6 +101,12 @@ def main() -> None:
             w = w - LR * grad / colls.get_world_size()
             schedule.append(colls.get_world_size())
             step += 1
+            # At the end of a step, where a joiner's init returns: its loop starts at the top
+            # with everyone else's, so every member calls grow_group at the same point.
+            grown = colls.grow_group()
+            if grown.generation != generation:  # joiners came in: they take rank 0's state
+                generation = grown.generation
+                w, step, schedule = take_state_from_rank_0(w, step, schedule)
         except colls.PeerFailedError as exc:
             say(f"slot {slot} saw dead {list(exc.failed_ranks)} at step {step}")
             if die_in_shrink:

@@ -48,7 +48,6 @@ NOT_IN_COLLS_TORCH: dict[str, str] = {
     "record_comm": "names collectives in torch's profiler, which colls' collectives bypass",
     "rendezvous": ("torch's init_method iterator; `init_process_group` takes the same URLs and "
                    "`register_rendezvous_handler` takes colls' handlers (docs/stores.md)"),
-    "shrink_group": _SPLIT,
     "split_group": _SPLIT,
 }
 
@@ -69,6 +68,9 @@ SIGNATURE_DIFFERENCES: dict[tuple[str, str], str] = {
                             "`use_libuv` (colls_torch's TCPStore takes torch's)"),
     ("colls", "ReduceOp"): "a namespace of ops, not constructed; torch's `ReduceOp(op)` wraps one",
     ("colls", "init_process_group"): "no `_ranks`, an argument private to torch",
+    ("colls", "shrink_group"): ("`ranks_to_exclude` defaults to None (the dead ranks the "
+                                "survivors agree on); no `shrink_flags` (colls always aborts) "
+                                "or `pg_options` (the group keeps its parent's)"),
     ("colls", "rendezvous"): ("the module of init methods; its `rendezvous(url, rank, "
                               "world_size, timeout)` returns `(store, rank, world_size)`"),
 }
