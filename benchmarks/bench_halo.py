@@ -1,4 +1,4 @@
-"""The communication of a 2-D heat iteration, colls beside mpi4py, tcp and mpi, in one run (issue 32).
+"""A 2-D heat iteration's communication, colls beside mpi4py, tcp and mpi, in one run (issue 32).
 
 One iteration of examples/heat2d.py without the stencil: a two-row halo exchange (the first and
 last interior rows of a slab to the neighbours above and below, ``PROC_NULL`` at the domain's

@@ -20,7 +20,8 @@ def _no_cuda_reason() -> str | None:
     try:
         import cupy
     except ImportError:
-        return "needs cupy (pip install -e '.[cuda12]' in a checkout of colls, '.[cuda13]' for CUDA 13)"
+        return ("needs cupy (pip install -e '.[cuda12]' in a checkout of colls, '.[cuda13]' for "
+                "CUDA 13)")
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return "needs a CUDA device (none found)"
