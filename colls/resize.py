@@ -94,7 +94,7 @@ def shrink_group(ranks_to_exclude: Sequence[int] | None = None, group: Any = Non
         backend, dropped = hook(explicit, _options(pg, _successor_name(pg), pg.timeout))
         survivors = [r for r in range(pg.size) if r not in set(dropped)]
         return _install(pg, survivors, backend, pg.store, joined=())
-    _check_shrinkable(pg)
+    _check_resizable(pg, "shrink_group")
     store = _job_store("shrink_group")
     try:
         survivors, backend, group_store = _shrink_through_store(pg, store, explicit)
@@ -103,14 +103,14 @@ def shrink_group(ranks_to_exclude: Sequence[int] | None = None, group: Any = Non
     return _install(pg, survivors, backend, group_store, joined=())
 
 
-def _check_shrinkable(pg: ProcessGroup) -> None:
+def _check_resizable(pg: ProcessGroup, caller: str) -> None:
     """Refuse a group whose backend does not declare that the core may rebuild it."""
     spec = plugin_manager.resolve_backend(pg.backend_name)
     if not spec.shrink:
         raise BackendError(
-            f"shrink_group: backend {spec.name!r} (plugin {spec.plugin or '?'!r}) of group "
-            f"{pg.name!r} does not support shrinking: its BackendSpec does not declare "
-            "shrink=True and its backend has no shrink hook (see docs/plugins.md, "
+            f"{caller}: backend {spec.name!r} (plugin {spec.plugin or '?'!r}) of group "
+            f"{pg.name!r} does not support shrinking or growing: its BackendSpec does not "
+            "declare shrink=True and its backend has no shrink hook (see docs/plugins.md, "
             "'Shrinking and growing')"
         )
 
@@ -317,6 +317,7 @@ def grow_group(group: Any = None) -> ProcessGroup:
     hook = getattr(pg.backend, "grow", None)
     if callable(hook):
         return hook(pg)
+    _check_resizable(pg, "grow_group")
     store = _job_store("grow_group")
     key = f"{KEY_ROOT}world{pg.generation}/grow/{pg.grow_calls}"
     pg.grow_calls += 1

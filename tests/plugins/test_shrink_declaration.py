@@ -51,8 +51,11 @@ def test_shrink_group_refuses_a_backend_that_does_not_declare_it(registered: Non
             colls.shrink_group()
         assert str(info.value) == (
             "shrink_group: backend 'p2p_rigid' (plugin 'shrink_backends') of group 'default_pg' "
-            "does not support shrinking: its BackendSpec does not declare shrink=True and its "
-            "backend has no shrink hook (see docs/plugins.md, 'Shrinking and growing')")
+            "does not support shrinking or growing: its BackendSpec does not declare "
+            "shrink=True and its backend has no shrink hook (see docs/plugins.md, 'Shrinking and "
+            "growing')")
+        with pytest.raises(BackendError, match="^grow_group: backend 'p2p_rigid'"):
+            colls.grow_group()
         array = np.arange(3.0)
         colls.all_reduce(array)  # the refusal left the group as it was
         np.testing.assert_array_equal(array, np.arange(3.0))
