@@ -122,6 +122,7 @@ def init_process_group(
         pg = ProcessGroup(
             name=WORLD_GROUP_NAME, global_ranks=range(world_size), my_global_rank=rank,
             backend_name=spec.name, backend=backend_obj, store=group_store, timeout=limit,
+            backend_extra=options.extra,
         )
         REGISTRY.world_store = REGISTRY.job_store = store
         REGISTRY.default = pg
@@ -179,6 +180,7 @@ def new_group(
         pg = ProcessGroup(
             name=name, global_ranks=members, my_global_rank=REGISTRY.world_rank,
             backend_name=spec.name, backend=backend_obj, store=group_store, timeout=limit,
+            backend_extra=options.extra,
         )
         REGISTRY.groups[name] = pg
         return pg
@@ -214,6 +216,7 @@ def device_group(pg: ProcessGroup, device: str, backend: str, pg_options: Any = 
         companion = ProcessGroup(
             name=name, global_ranks=pg.global_ranks, my_global_rank=REGISTRY.world_rank,
             backend_name=spec.name, backend=backend_obj, store=group_store, timeout=pg.timeout,
+            backend_extra=options.extra,
         )
         pg.device_groups[device] = companion
         return companion

@@ -10,7 +10,8 @@ group names to groups.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, final
 
 from colls._executor import SerialExecutor
@@ -59,6 +60,7 @@ class ProcessGroup:
         timeout: float,
         generation: int | None = None,
         joined_ranks: Sequence[int] = (),
+        backend_extra: Mapping[str, Any] = MappingProxyType({}),
     ) -> None:
         self.name = name
         #: Which world this group belongs to: 0 for the world init_process_group made, n after
@@ -68,6 +70,9 @@ class ProcessGroup:
         #: Group ranks that joined when :func:`colls.grow_group` made this group (empty
         #: otherwise); they take their state from group rank 0, which was a member before.
         self.joined_ranks: tuple[int, ...] = tuple(joined_ranks)
+        #: The backend options the group was made with (``pg_options``): a shrunk or grown
+        #: group is made with them again.
+        self.backend_extra: Mapping[str, Any] = backend_extra
         self.global_ranks: tuple[int, ...] = tuple(global_ranks)
         self._group_rank_of = {g: i for i, g in enumerate(self.global_ranks)}
         #: This process's rank in the group (also callable, as torch's ``rank()``).

@@ -348,7 +348,8 @@ def _grow(pg: ProcessGroup, store: Store, key: str, decision: dict[str, Any]) ->
     size = pg.size + len(tickets)
     assignment = {"generation": pg.generation + 1, "size": size, "key": key,
                   "members": pg.size, "tickets": tickets, "backend": pg.backend_name,
-                  "timeout": pg.timeout, "next": decision["next"]}
+                  "timeout": pg.timeout, "next": decision["next"],
+                  "extra": _portable(pg.backend_extra)}
     for i, ticket in enumerate(tickets):  # every member writes them: any may die meanwhile
         store.set(f"{JOIN_ROOT}{ticket}/assigned", json.dumps({**assignment, "rank": pg.size + i}))
     agreement.register_process(store, pg.generation + 1, pg.rank)
@@ -376,7 +377,8 @@ def _build_grown(store: Store, assignment: dict[str, Any], rank: int) -> tuple[A
     group_store = PrefixStore(f"{key}/group", store)
     spec = plugin_manager.resolve_backend(assignment["backend"])
     options = BackendOptions(timeout=timeout, group_name=WORLD_GROUP_NAME,
-                             global_ranks=tuple(range(size)), extra=MappingProxyType({}))
+                             global_ranks=tuple(range(size)),
+                             extra=MappingProxyType(assignment["extra"]))
     build = Build(lambda: spec.create(group_store, rank, size, options))
 
     def processes() -> dict[int, str]:
@@ -432,6 +434,7 @@ def join(backend_name: str, store: Store, timeout: float) -> None:
         backend_name=assignment["backend"], backend=backend, store=group_store,
         timeout=assignment["timeout"], generation=generation,
         joined_ranks=range(assignment["members"], assignment["size"]),
+        backend_extra=MappingProxyType(assignment["extra"]),
     )
     pg.next_join_ticket = assignment["next"]
     with REGISTRY.lock:
@@ -452,6 +455,7 @@ def _install(old: ProcessGroup, survivors: list[int], backend: Any, group_store:
         my_global_rank=_world_rank_after(old, survivors, survivors.index(old.rank)),
         backend_name=old.backend_name, backend=backend, store=group_store, timeout=old.timeout,
         generation=old.generation + 1 if default else old.generation, joined_ranks=joined,
+        backend_extra=old.backend_extra,
     )
     new.next_join_ticket = old.next_join_ticket
     how = "grow_group" if grown_to is not None else "shrink_group"
@@ -535,7 +539,19 @@ def _options(pg: ProcessGroup, name: str, timeout: float,
     return BackendOptions(timeout=timeout, group_name=name,
                           global_ranks=tuple(global_ranks if global_ranks is not None
                                              else pg.global_ranks),
-                          extra=MappingProxyType({}))
+                          extra=pg.backend_extra)
+
+
+def _portable(extra: Any) -> dict[str, Any]:
+    """Return the backend options a joiner can be given through the store (JSON): all of them,
+    or none when one is not JSON (members and joiners must build with the same)."""
+    try:
+        json.dumps(dict(extra))
+    except (TypeError, ValueError):
+        logger.warning("colls: grow_group builds the grown group without its pg_options, "
+                       "which cannot be sent to joiners as JSON")
+        return {}
+    return dict(extra)
 
 
 def _group_ranks(pg: ProcessGroup, world_ranks: set[int]) -> set[int]:
