@@ -101,16 +101,24 @@ def main(scenario: str, victim: int) -> None:
         report(rank=rank, error=error, refused=f"{type(exc).__name__}: {exc}")
         os.kill(os.getpid(), signal.SIGKILL)  # the group is revoked: leave as a failed rank
     data = np.arange(5, dtype=np.float64) * (backend.rank + 1)
+    sub = None
     if path == "colls.shrink_group":  # the shrunk group is the default now: the user's path
         colls.all_reduce(data)
         new_rank, new_size = colls.get_rank(), colls.get_world_size()
+        # A subgroup of the shrunk world: built over the survivors' communicator, in the
+        # renumbered world ranks (MPI_COMM_WORLD still holds the dead rank).
+        pair = colls.new_group([0, new_size - 1])
+        if new_rank in (0, new_size - 1):
+            probe = np.array([float(new_rank)])
+            colls.all_reduce(probe, group=pair)
+            sub = probe.tolist()
     else:
         spec = resolve_op(ReduceOp.SUM, dtypes.FLOAT64, op_name="all_reduce")
         backend.all_reduce(data, spec, collective_tag(0, 0))
         new_rank, new_size = backend.rank, backend.world_size
         backend.close()
     report(rank=rank, error=error, failed=failed, gone=gone, path=path,
-           new_rank=new_rank, new_size=new_size, sum=data.tolist())
+           new_rank=new_rank, new_size=new_size, sum=data.tolist(), sub=sub)
     # Open MPI 5.0.11's MPI_Finalize after a failure hung the whole job now and then (seen in
     # the exclude_live job, the results all printed): what is tested is done, so leave now.
     sys.stdout.flush()

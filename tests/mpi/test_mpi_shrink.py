@@ -117,6 +117,8 @@ def test_survivors_of_a_sigkill_shrink_and_all_reduce(victim: int) -> None:
         assert result["gone"] == [victim], result  # what MPI agreed on: the same everywhere
         assert (result["new_rank"], result["new_size"]) == (new_rank, 3), result
         assert result["sum"] == (sum(range(1, 4)) * __import__("numpy").arange(5.0)).tolist()
+        if result["path"] == "colls.shrink_group":  # a new_group of the shrunk world works
+            assert result["sub"] == (None if new_rank == 1 else [2.0]), result
     assert named >= 1, output  # the ranks that talked to it were told by MPI which rank died
 
 
