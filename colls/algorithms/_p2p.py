@@ -72,8 +72,9 @@ def wait_all(comm: Comm, works: Sequence[Work], what: str, *, poll: bool = True)
     except CollsTimeoutError:
         if combined.is_completed():
             raise  # the operation itself failed with a timeout: keep the backend's message
+        who = getattr(comm, "who", None) or f"rank {comm.rank}"  # a sub-group names its parent
         raise CollsTimeoutError(
-            f"rank {comm.rank}: {what} did not complete within {comm.timeout:.1f} s"
+            f"{who}: {what} did not complete within {comm.timeout:.1f} s"
         ) from None
 
 

@@ -60,6 +60,9 @@ class SubComm:
         self.ranks = ranks
         self.rank = ranks.index(comm.rank)
         self.world_size = len(ranks)
+        #: How errors name this rank: the group's number first, as the user knows it.
+        self.who = (f"rank {getattr(comm, 'who', comm.rank)} (rank {self.rank} of its "
+                    f"sub-group of ranks {list(ranks)}, which numbers the ranks below)")
 
     @property
     def timeout(self) -> float | None:

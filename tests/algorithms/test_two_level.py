@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from alg_data import TAG, equal, make, reference, run, spec
 
-from colls.algorithms import hierarchical
+from colls.algorithms import _p2p, hierarchical
 from colls.algorithms.hosts import HostMap
+from colls.errors import CollsTimeoutError
+from colls.work import Work
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -244,3 +246,23 @@ def test_hosts_with_and_without_overlap_exchange_the_same_pieces(monkeypatch):
 
     for rank, result in enumerate(run(4, fn)):
         equal(result, expected, f"mixed overlap rank {rank}")
+
+
+def test_a_sub_group_step_that_times_out_names_the_groups_rank_first():
+    class Silent:  # a backend whose messages never arrive
+        rank, world_size, timeout = 3, 4, 0.05
+
+        def isend(self, array, dst, tag):
+            return Work(description=f"send to {dst}")
+
+        def irecv(self, array, src, tag):
+            return Work(description=f"recv from {src}")
+
+    sub = hierarchical.SubComm(Silent(), (2, 3))
+    step = _p2p.Pending(sub, TAG, "all_reduce ring: receive from rank 0")
+    step.recv(np.zeros(4), 0)
+    with pytest.raises(CollsTimeoutError) as info:
+        step.wait()
+    assert str(info.value) == (
+        "rank 3 (rank 1 of its sub-group of ranks [2, 3], which numbers the ranks below): "
+        "all_reduce ring: receive from rank 0 did not complete within 0.1 s")
