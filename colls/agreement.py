@@ -269,8 +269,8 @@ def store_failure(exc: BaseException, store: Store) -> BackendError:
                 f"({exc})")
     error = BackendError(
         f"colls: {what}; survivors agree through it, so this rank cannot go on. The store "
-        "must outlive the ranks: run under colls-run (its launcher serves the store; "
-        "--store-host launcher across nodes) or torchrun (its agent does)"
+        "must outlive the ranks: run under colls-run --on-failure shrink or replace (its "
+        "launcher serves the store; --store-host launcher across nodes)"
     )
     error.__cause__ = exc
     return error
