@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from colls.errors import BackendError, CollsTimeoutError, StoreTimeoutError
+from colls.errors import BackendError, StoreTimeoutError
 from colls.store.base import INTERNAL_KEY_PREFIX, Store, innermost
 
 #: Root of every key this module writes in the job's store.
@@ -64,12 +64,14 @@ class Liveness:
 
     Args:
         store: the job's store.
-        processes: callable returning ``{rank: "host:pid"}`` of the ranks to watch.
+        processes: callable returning ``{rank: "host:pid"}`` of the ranks to watch; called when
+            the log has named a process since it was last called, not on every look.
     """
 
     def __init__(self, store: Store, processes: Callable[[], dict[int, str]]) -> None:
         self._store = store
         self._processes = processes
+        self._known: dict[int, str] | None = None
         self._exited: set[str] = set()
         self._read = 0
         self._checked_at = 0.0
@@ -83,14 +85,13 @@ class Liveness:
             self._read_new_records()
         if not self._exited:
             return set()
-        known = self._processes()
-        return {rank for rank in ranks if known.get(rank) in self._exited}
+        if self._known is None:
+            self._known = self._processes()
+        return {rank for rank in ranks if self._known.get(rank) in self._exited}
 
     def _read_new_records(self) -> None:
-        try:
-            from colls.run.exits import EXITS_COUNT_KEY, ExitRecord, exit_log_key
-        except ImportError:  # no launcher records to read
-            return
+        from colls.run.exits import EXITS_COUNT_KEY, ExitRecord, exit_log_key
+
         count = self._store.add(EXITS_COUNT_KEY, 0)
         while self._read < count:
             key = exit_log_key(self._read)
@@ -99,6 +100,7 @@ class Liveness:
             record = ExitRecord.decode(self._store.get(key))
             self._exited.add(f"{record.host}:{record.pid}")
             self._read += 1
+            self._known = None  # read the processes again: one may have registered since
 
 
 class RankSet:
@@ -143,14 +145,6 @@ def wait_for(store: Store, key: str, seconds: float) -> None:
         store.wait([key], max(seconds, 0.001))
     except StoreTimeoutError:
         pass
-
-
-def remaining(deadline: float, what: str) -> float:
-    """Return the seconds left before ``deadline``; raise CollsTimeoutError naming ``what``."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise CollsTimeoutError(f"{what}: timed out")
-    return left
 
 
 class Build:
@@ -278,6 +272,6 @@ def store_failure(exc: BaseException, store: Store) -> BackendError:
 
 __all__ = [
     "Build", "CommitFailed", "KEY_ROOT", "Liveness", "RankSet", "commit", "decide",
-    "process_id", "process_key", "read_decision", "register_process", "remaining",
+    "process_id", "process_key", "read_decision", "register_process",
     "store_failure", "wait_for",
 ]
