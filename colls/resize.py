@@ -88,7 +88,7 @@ def shrink_group(ranks_to_exclude: Sequence[int] | None = None, group: Any = Non
             declares ``BackendSpec.shrink`` nor has a ``shrink`` hook.
     """
     pg = _member(group, "shrink_group")
-    explicit = _check_exclusions(ranks_to_exclude, pg)
+    explicit = _check_exclusions(ranks_to_exclude, pg, _where("shrink_group"))
     hook = getattr(pg.backend, "shrink", None)
     if callable(hook):
         backend, dropped = hook(explicit, _options(pg, _successor_name(pg), pg.timeout))
@@ -255,7 +255,8 @@ def _survivors_of(decision: dict[str, Any], pg: ProcessGroup, explicit: list[int
     """Return the survivors of ``decision``, or raise what it means for this caller."""
     if decision.get("explicit") != explicit:
         raise ValueError(
-            f"shrink_group: rank {pg.rank} of group {pg.name!r} passed ranks_to_exclude="
+            f"{_where('shrink_group')}: group rank {pg.rank} of group {pg.name!r} passed "
+            "ranks_to_exclude="
             f"{explicit}, but another survivor passed {decision.get('explicit')}; every caller "
             "must pass the same list (or None to agree on the dead)"
         )
@@ -269,27 +270,29 @@ def _survivors_of(decision: dict[str, Any], pg: ProcessGroup, explicit: list[int
     return list(decision["survivors"])
 
 
-def _check_exclusions(ranks: Sequence[int] | None, pg: ProcessGroup) -> list[int] | None:
-    """Return ``ranks_to_exclude`` sorted, after torch's checks, or None."""
+def _check_exclusions(ranks: Sequence[int] | None, pg: Any, where: str) -> list[int] | None:
+    """Return ``ranks_to_exclude`` sorted, after torch's checks, or None; errors start with
+    ``where`` (the call and this rank)."""
     if ranks is None:
         return None
     if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
-        raise TypeError(f"shrink_group: ranks_to_exclude must be a list of group ranks or None, "
+        raise TypeError(f"{where}: ranks_to_exclude must be a list of group ranks or None, "
                         f"got {type(ranks).__name__}")
     chosen = list(ranks)
     if not chosen:
-        raise ValueError("shrink_group: ranks_to_exclude cannot be empty (None agrees on the "
-                         "dead ranks)")
+        raise ValueError(f"{where}: ranks_to_exclude cannot be empty (None agrees on the dead "
+                         "ranks)")
     for r in chosen:
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < pg.size:
-            raise ValueError(f"shrink_group: ranks_to_exclude holds {r!r}, not a rank of group "
+            raise ValueError(f"{where}: ranks_to_exclude holds {r!r}, expected ranks of group "
                              f"{pg.name!r} (0..{pg.size - 1})")
     if len(set(chosen)) != len(chosen):
-        raise ValueError(f"shrink_group: ranks_to_exclude repeats a rank: {chosen}")
+        raise ValueError(f"{where}: ranks_to_exclude repeats a rank: {chosen}")
     if len(chosen) == pg.size:
-        raise ValueError(f"shrink_group: ranks_to_exclude={chosen} leaves nobody in the group")
+        raise ValueError(f"{where}: ranks_to_exclude={chosen} leaves nobody in group "
+                         f"{pg.name!r}")
     if pg.rank in chosen:
-        raise ValueError(f"shrink_group: rank {pg.rank} of group {pg.name!r} is in "
+        raise ValueError(f"{where}: group rank {pg.rank} of group {pg.name!r} is in "
                          f"ranks_to_exclude={sorted(chosen)}; only the ranks that stay call it")
     return sorted(chosen)
 
@@ -312,8 +315,9 @@ def grow_group(group: Any = None) -> ProcessGroup:
     """
     pg = _member(group, "grow_group")
     if pg is not REGISTRY.default:
-        raise ValueError(f"grow_group: only the default group grows (got group {pg.name!r}); "
-                         "make subgroups of the grown world with new_group")
+        raise ValueError(f"{_where('grow_group')}: group must be the default group (only the "
+                         f"world grows), got group {pg.name!r}; make subgroups of the grown "
+                         "world with new_group")
     hook = getattr(pg.backend, "grow", None)
     if callable(hook):
         return hook(pg)
@@ -359,7 +363,8 @@ def _grow(pg: ProcessGroup, store: Store, key: str, decision: dict[str, Any]) ->
         lost = [r for r in failure.missing if r < pg.size]
         if lost:
             raise PeerFailedError(
-                f"grow_group: members {lost} of the default group died ({failure.reason})",
+                f"{_where('grow_group')}: members {lost} of the default group died "
+                f"({failure.reason})",
                 frozenset(pg.global_rank(r) for r in lost),
             ) from None
         logger.warning("colls: grow_group: the joiners were left out (%s); the group stays "
@@ -465,9 +470,11 @@ def _install(old: ProcessGroup, survivors: list[int], backend: Any, group_store:
             assert store is not None
             replaced = list(REGISTRY.groups.values())
             _become_world(new, store)
+            change = ("renumbered the world's ranks" if grown_to is None
+                      else "made a new world with the joiners")
             for other in replaced:
-                _retire(other, f"invalidated by {how} of the default group, which renumbered "
-                               "the world's ranks; use the group it returned")
+                _retire(other, f"invalidated by {how} of the default group, which {change}; "
+                               "use the group it returned")
         else:
             REGISTRY.groups.pop(old.name, None)
             REGISTRY.groups[new.name] = new
@@ -505,11 +512,16 @@ def _retire(pg: ProcessGroup, because: str) -> None:
 # -- small helpers -----------------------------------------------------------------------------
 
 
+def _where(caller: str) -> str:
+    """How errors of ``caller`` name the call and this rank (as :mod:`colls.dispatch`'s do)."""
+    return f"{caller} on rank {d.my_rank()}"
+
+
 def _member(group: Any, caller: str) -> ProcessGroup:
     pg = d.resolve_group(group)
     if pg is None:
-        raise ValueError(f"{caller}: this process (world rank {REGISTRY.world_rank}) is not a "
-                         "member of the group")
+        raise ValueError(f"{_where(caller)}: group must be a group this process is a member "
+                         "of, got GroupMember.NON_GROUP_MEMBER")
     return pg
 
 
