@@ -50,3 +50,11 @@ def run_launcher(
         )
 
     return run
+
+
+@pytest.fixture
+def pid_dir(tmp_path: Path) -> Path:
+    """A directory where each worker of a test writes its pid."""
+    path = tmp_path / "pids"
+    path.mkdir()
+    return path

@@ -32,3 +32,12 @@ def launcher_env(**extra: str) -> dict[str, str]:
 def launcher_command(start_method: str, *args: str) -> list[str]:
     """Return ``python -m colls.run --start-method START_METHOD *args``."""
     return [sys.executable, "-m", "colls.run", "--start-method", start_method, *args]
+
+
+def pid_alive(pid: int) -> bool:
+    """Return whether process ``pid`` exists (a zombie not yet reaped counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

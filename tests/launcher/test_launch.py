@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import LAUNCH_TIMEOUT_S, launcher_command, launcher_env
+from launch_helpers import LAUNCH_TIMEOUT_S, launcher_command, launcher_env, pid_alive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,14 +65,6 @@ def read_records(record_dir: Path) -> dict[int, dict]:
     }
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def read_pids(pid_dir: Path) -> dict[int, int]:
     return {int(p.name): int(p.read_text()) for p in pid_dir.iterdir()}
 
@@ -80,13 +72,6 @@ def read_pids(pid_dir: Path) -> dict[int, int]:
 @pytest.fixture
 def record_dir(tmp_path: Path) -> Path:
     path = tmp_path / "records"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def pid_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "pids"
     path.mkdir()
     return path
 

@@ -9,7 +9,6 @@ Their workers use the job's store only, no collective: what the survivors do wit
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import LAUNCH_TIMEOUT_S, launcher_command, launcher_env
+from launch_helpers import LAUNCH_TIMEOUT_S, launcher_command, launcher_env, pid_alive
 
 from colls.run import cli, replacing
 from colls.run.config import LaunchConfig
@@ -111,21 +110,6 @@ time.sleep(60)
 
 def read_pids(pid_dir: Path) -> dict[str, int]:
     return {p.name: int(p.read_text()) for p in pid_dir.iterdir() if p.read_text()}
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-@pytest.fixture
-def pid_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "pids"
-    path.mkdir()
-    return path
 
 
 def record_line(stdout: str) -> dict:
