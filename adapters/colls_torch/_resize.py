@@ -97,7 +97,9 @@ def shrink_group(ranks_to_exclude: list[int], group: Any = None,
 def grow_group(group: Any = None) -> Any:
     """Let the replacements waiting to join (``COLLS_JOIN=1``) into the default group.
 
-    colls' extension (``colls.grow_group``), at a point every member reaches (a step's start).
+    colls' extension (``colls.grow_group``), at a point every member reaches, the same for all
+    (a step boundary; a joiner's ``init_process_group`` returns at that point, so it does not
+    call this on its first pass: docs/torch.md's recipe).
     Without joiners it returns the default group unchanged (the same object). With joiners,
     members keep their ranks, joiners get the next ones, and the result is the new default
     group, torch's included; every other group is destroyed, as after a shrink. The newcomers
