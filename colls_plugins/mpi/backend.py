@@ -571,14 +571,14 @@ class MpiBackend(Backend):
         world ranks).
 
         Args:
-            ranks_to_exclude: group ranks to leave out, or None for those MPI agrees are dead.
+            ranks_to_exclude: group ranks to leave out, or None for those MPI agrees are dead;
+                already checked by the core (colls.resize: range, repeats, not this rank).
             options: the new group's name and timeout; its ``global_ranks`` are replaced by
                 the survivors' world ranks (``0..n-1`` when the world group shrinks).
 
         Raises:
             BackendUnavailableError: this MPI has no usable ULFM (says which library and what
                 to use instead): never a pretended shrink.
-            ValueError: ``ranks_to_exclude`` names a rank out of range, or this rank.
             BackendError: ``ranks_to_exclude`` is not the set MPI agreed is dead (names a rank
                 still alive, or leaves out a dead one: then a PeerFailedError naming it).
         """
@@ -589,15 +589,6 @@ class MpiBackend(Backend):
                 f"mpi: cannot shrink {self._where}: {reason}. Shrinking needs ULFM (MPI fault "
                 f"tolerance); {ulfm.REMEDY}"
             )
-        if ranks_to_exclude is not None:
-            bad = [r for r in ranks_to_exclude
-                   if type(r) is not int or not 0 <= r < self.world_size or r == self.rank]
-            if bad:
-                raise ValueError(
-                    f"mpi shrink on {self._where}: ranks_to_exclude {list(ranks_to_exclude)} "
-                    f"names {bad[0]!r}: expected other group ranks in 0..{self.world_size - 1} "
-                    "(only survivors call shrink)"
-                )
         self._broken = self._broken or "the group was shrunk; use the shrunk group"
         ulfm.revoke(self._comm, self._internal)
         world = communicators.world_communicator(MPI)
