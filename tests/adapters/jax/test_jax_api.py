@@ -235,6 +235,21 @@ def test_eager_and_jitted_results_are_new_jax_arrays_of_the_input_dtype() -> Non
     assert cj.barrier() is None and jax.jit(lambda: cj.barrier())() is None
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint32, np.bool_,
+                                   np.complex64, jnp.bfloat16, np.float64, np.int64])
+def test_eager_results_are_what_jnp_asarray_gives(dtype) -> None:
+    """The eager result's hand-off (JAX's transfer called directly where it can be) gives what
+    ``jnp.asarray`` gives: values, canonical dtype, device, and an uncommitted array."""
+    from colls_jax import _jit
+
+    host = (np.arange(6) % 2).astype(dtype).reshape(2, 3)
+    got, want = _jit._to_jax(host.copy()), jnp.asarray(host)
+    assert type(got) is type(want)
+    assert (got.dtype, got.shape, got.weak_type) == (want.dtype, want.shape, want.weak_type)
+    assert got.sharding == want.sharding and got.committed == want.committed
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_collectives_inside_scan_cond_and_fori_loop() -> None:
     xs = jnp.arange(12.0, dtype=jnp.float32).reshape(4, 3)
 
