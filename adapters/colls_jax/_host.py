@@ -67,7 +67,7 @@ def _rows(array: np.ndarray) -> list[np.ndarray]:
 
 def _load(x: Any, out: np.ndarray) -> None:
     """Copy ``x`` into ``out`` (the buffer of an in-place collective) unless it is already there."""
-    if x is out:  # the FFI path's aliased buffer: the input is already in place
+    if x is out:  # aliased (the FFI path) or copied already (the eager path): in place
         return
     src = np.asarray(x)
     if src.size and src.ctypes.data != out.ctypes.data:

@@ -134,6 +134,10 @@ def _run_host(op: HostOp, x: Any) -> np.ndarray | None:
     if op.shape is None:
         op.host(src)
         return None
+    if op.in_place:  # the result starts as a copy of the input: make it, then pass it as both
+        out = np.array(src)
+        op.host(out, out)
+        return out
     out = np.empty(op.shape(src.shape), src.dtype)
     op.host(src, out)
     return out
