@@ -157,7 +157,7 @@ def _to_jax(out: np.ndarray) -> jax.Array:
         _HOST_TRANSFER = _host_transfer()  # backend must not start before jax.distributed's
     put = _HOST_TRANSFER
     if put is not None and jax.config.jax_default_device is None \
-            and out.dtype in _CANONICAL_DTYPES:
+            and jax.dtypes.canonicalize_dtype(out.dtype) == out.dtype:  # what asarray keeps
         return put(out)  # type: ignore[operator]
     return jnp.asarray(out)
 
@@ -188,13 +188,6 @@ def _host_transfer() -> Callable[[np.ndarray], jax.Array] | None:
 
 _UNKNOWN: Any = object()
 _HOST_TRANSFER: Any = _UNKNOWN
-#: dtypes that ``jnp.asarray`` keeps as they are (64-bit ones only with jax_enable_x64): others
-#: take ``jnp.asarray``, which canonicalizes them.
-_CANONICAL_DTYPES = frozenset(
-    np.dtype(t) for t in (np.float32, np.float16, np.int32, np.int16, np.int8, np.uint32,
-                          np.uint16, np.uint8, np.bool_, np.complex64, jnp.bfloat16)
-)
-
 
 def _aval(spec: jax.ShapeDtypeStruct) -> Any:
     return jax.core.ShapedArray(spec.shape, spec.dtype)

@@ -237,13 +237,23 @@ def test_eager_and_jitted_results_are_new_jax_arrays_of_the_input_dtype() -> Non
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint32, np.bool_,
                                    np.complex64, jnp.bfloat16, np.float64, np.int64])
-def test_eager_results_are_what_jnp_asarray_gives(dtype) -> None:
+def test_eager_results_are_what_jnp_asarray_gives(dtype, monkeypatch) -> None:
     """The eager result's hand-off (JAX's transfer called directly where it can be) gives what
-    ``jnp.asarray`` gives: values, canonical dtype, device, and an uncommitted array."""
+    ``jnp.asarray`` gives: values, canonical dtype, device, and an uncommitted array. The direct
+    transfer is what ran for every dtype JAX keeps as it is (not a silent ``jnp.asarray``), and
+    the others (64-bit ones without jax_enable_x64) go through ``jnp.asarray``."""
     from colls_jax import _jit
 
     host = (np.arange(6) % 2).astype(dtype).reshape(2, 3)
-    got, want = _jit._to_jax(host.copy()), jnp.asarray(host)
+    want = jnp.asarray(host)
+    _jit._to_jax(host.copy())  # looks the transfer up
+    assert _jit._HOST_TRANSFER is not None, "JAX's CPU transfer did not load: jnp.asarray ran"
+    direct = []
+    transfer = _jit._HOST_TRANSFER
+    monkeypatch.setattr(_jit, "_HOST_TRANSFER", lambda out: direct.append(1) or transfer(out))
+    got = _jit._to_jax(host.copy())
+    assert direct == ([1] if np.dtype(dtype) in (np.float32, np.float16, np.int8, np.uint32,
+                                                 np.bool_, np.complex64, jnp.bfloat16) else [])
     assert type(got) is type(want)
     assert (got.dtype, got.shape, got.weak_type) == (want.dtype, want.shape, want.weak_type)
     assert got.sharding == want.sharding and got.committed == want.committed
