@@ -207,7 +207,9 @@ class _Watcher:
                 if self.store.compare_set(key, b"", payload) == payload:
                     return
         except (StoreError, BackendError, OSError) as exc:
-            logger.info("colls: could not record a failure in %s: %s", self.store, exc)
+            # The ranks that do not talk to the failed one now wait for their timeout: say so.
+            logger.warning("colls: could not record a failure in %s (ranks that wait for the "
+                           "failed one learn of it only at their timeout): %s", self.store, exc)
             return
         logger.warning("colls: no free failure-record slot after index %d", index)
 
@@ -225,7 +227,10 @@ class _Watcher:
                 if not self._stop.is_set():
                     self._store_lost(exc)
                 return
-            except (StoreError, OSError, ValueError):  # closed under us: destroy is running
+            except (StoreError, OSError, ValueError) as exc:  # closed under us: destroy runs
+                if not self._stop.is_set():
+                    logger.warning("colls: stopped watching %s for other ranks' failures: %s",
+                                   self.store, exc)
                 return
             record = FailureRecord.decode(payload)
             if record is not None and record.kind == SHUTDOWN:
