@@ -50,6 +50,15 @@ class Completion(concurrent.futures.Future):  # type: ignore[type-arg]
         self._done_callbacks: list[Any] = []
         self._lazy_condition: threading.Condition | None = None
 
+    @classmethod
+    def finished(cls, result: Any) -> Completion:
+        """Return a Completion that has already succeeded with ``result`` (nobody can be
+        waiting on it yet, so no lock is taken)."""
+        future = cls()
+        future._result = result
+        future._state = FINISHED
+        return future
+
     @property  # type: ignore[override]
     def _condition(self) -> threading.Condition:
         condition = self._lazy_condition

@@ -50,11 +50,15 @@ def _null(peer: Any, group_peer: Any) -> bool:
     return peer is PROC_NULL or group_peer is PROC_NULL
 
 
+#: The descriptions of null-peer Works: a halo exchange's boundary ranks make two per iteration.
+_NULL_DESCRIPTIONS = {op: f"{op} with {PROC_NULL}" for op in ("isend", "irecv", "send", "recv")}
+
+
 def _null_work(group: Any, op: str, value: Any) -> Work | None:
     """Return the completed Work of a call with the null peer (None for non-members)."""
     if d.resolve_group(group) is None:
         return None
-    return Work.completed(value, description=f"{op} with colls.PROC_NULL")
+    return Work.completed(value, description=_NULL_DESCRIPTIONS[op])
 
 
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
@@ -282,19 +286,26 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         isinstance(p, P2POp) for p in p2p_op_list
     ):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
-    nulls = [_null(p.peer, p.group_peer) for p in p2p_op_list]
-    if any(nulls):  # ops with colls.PROC_NULL complete at once; the others go to the backend
-        real = batch_isend_irecv([p for p, null in zip(p2p_op_list, nulls, strict=True)
-                                  if not null])
-        started = iter(real)
-        return [
-            _null_work(p.group, p.op.__name__, PROC_NULL if p.op.__name__ == "irecv" else None)
-            if null else next(started)
-            for p, null in zip(p2p_op_list, nulls, strict=True)
-        ]
-    checked = [c for c in map(_checked_op, p2p_op_list) if c is not None]  # members' ops
-    if not checked:
-        return []
+    # One pass: a null-peer op's Work is complete at once; the others are checked, every one
+    # before any starts. Non-members' ops get no Work.
+    prepared: list[Any] = []
+    for p in p2p_op_list:
+        if _null(p.peer, p.group_peer):
+            irecv_op = p.op.__name__ == "irecv"
+            prepared.append(_null_work(p.group, "irecv" if irecv_op else "isend",
+                                       PROC_NULL if irecv_op else None))
+        else:
+            prepared.append(_checked_op(p))
+    checked = [c for c in prepared if type(c) is tuple]
+    started = iter(_start_batch(checked) if checked else ())
+    return [item if type(item) is not tuple else next(started)
+            for item in prepared if item is not None]
+
+
+def _start_batch(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, int],
+                                     Buffer | None]]) -> list[Work]:
+    """Start the checked ops of a batch, each group's on its backend in one call; return their
+    Works in order (a staged receive's followed by its copy back)."""
     group = checked[0][0]
     if all(c[0] is group for c in checked):  # the common case: one group, one backend call
         works = group.backend.batch_isend_irecv([entry for _, entry, _ in checked])

@@ -42,7 +42,9 @@ class Work:
 
     Args:
         future: the future the backend completes; a new one is made when omitted.
-        description: what the operation is ("all_reduce on group 'default_pg'"), used in errors.
+        description: what the operation is ("all_reduce on group 'default_pg'"), used in errors:
+            a str, or an object whose ``str()`` is that text, for a backend that formats it
+            only when an error or a repr shows it (one per message is too many to format).
         default_timeout: seconds ``wait()`` waits when given no timeout (``None``: forever).
     """
 
@@ -53,7 +55,7 @@ class Work:
         self,
         future: concurrent.futures.Future[Any] | None = None,
         *,
-        description: str = "operation",
+        description: Any = "operation",
         default_timeout: float | None = None,
     ) -> None:
         self._future: concurrent.futures.Future[Any] = future or Completion()
@@ -74,9 +76,7 @@ class Work:
     @classmethod
     def completed(cls, value: Any = None, *, description: str = "operation") -> Work:
         """Return a Work that has already succeeded with ``value``."""
-        work = cls(description=description)
-        work._future.set_result(value)
-        return work
+        return cls(Completion.finished(value), description=description)
 
     @classmethod
     def failed(cls, exc: BaseException, *, description: str = "operation") -> Work:

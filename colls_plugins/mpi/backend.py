@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import itertools
 import os
 import time
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from colls.backend import Backend, every_rank_has_a_core
+from colls.completion import Completion
 from colls.errors import BackendError, BackendUnavailableError, CollsTimeoutError
 from colls.fingerprint import SIGNATURE_BITS, CollectiveMismatchError, describe_tag
 from colls.work import Work
@@ -41,12 +41,7 @@ from colls_plugins.mpi import communicators, runtime, ulfm
 from colls_plugins.mpi.agreement import Agreement
 from colls_plugins.mpi.communicators import check_ranks, communicator
 from colls_plugins.mpi.datatypes import ReductionTable
-from colls_plugins.mpi.progress import (
-    YIELD_AFTER_TESTS,
-    DrivenFuture,
-    Pending,
-    Progress,
-)
+from colls_plugins.mpi.progress import YIELD_AFTER_TESTS, Pending, Progress
 from colls_plugins.mpi.staging import (
     copy_back_when_done,
     host_staged,
@@ -90,7 +85,7 @@ def _reduction_table(MPI: Any) -> ReductionTable:
 def _stop_progress_threads() -> None:
     """Stop every progress thread before mpi4py finalises MPI (it does so after atexit)."""
     for backend in list(_live):
-        backend._progress.close("the process is exiting")
+        backend.progress.close("the process is exiting")
 
 
 class MpiBackend(Backend):
@@ -138,7 +133,12 @@ class MpiBackend(Backend):
         self._reductions = _reduction_table(MPI)
         self._spin_tests = YIELD_AFTER_TESTS if _oversubscribed(MPI, self._comm) else SPIN_TESTS
         self.cuda_aware = runtime.cuda_aware()
-        self._progress = Progress(options.group_name, MPI.Status)
+        #: Completes the point-to-point Works nobody waits on (a Pending's owner's ``progress``).
+        self.progress = Progress(options.group_name, MPI.Status, self._spin_tests)
+        self._ANY_SOURCE = MPI.ANY_SOURCE
+        #: Descriptions of Works complete when made (their message is not named: formatting
+        #: its text for every message cost as much as MPI's call).
+        self._done_text = {kind: f"mpi {kind} on {self._where}" for kind in ("isend", "irecv")}
         ranks = tuple(options.global_ranks)
         self._agreement = Agreement(MPI, self._comm, self._internal, ranks.__getitem__,
                                     self._where)
@@ -167,14 +167,12 @@ class MpiBackend(Backend):
             ValueError: ``dst`` is out of range or ``tag`` exceeds MPI_TAG_UB.
             BackendError: the backend is closed or broken, or MPI refused the send.
         """
-        what = f"isend to rank {dst} with tag {tag}"
-        self._check_peer(dst, "dst", what)
-        comm, mpi_tag = self._route(tag, what)
+        comm, mpi_tag = self._message_route("isend", dst, "dst", tag)
         try:
             request = comm.Isend([array, self._BYTE], dst, mpi_tag)
         except self._MPI.Exception as exc:
-            raise self._failure(what, exc) from exc
-        return self._track(request, array, what, _sent, self._p2p_failure(what, array.nbytes))
+            raise self._failure(message_text("isend", dst, tag), exc) from exc
+        return self._track(request, array, "isend", dst, tag)
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
         """Start ``MPI_Irecv`` into ``array`` from ``src`` (None: ``MPI_ANY_SOURCE``).
@@ -182,25 +180,18 @@ class MpiBackend(Backend):
         The Work's result is the sender's group rank (from the MPI status). A message of
         another size fails the Work with a BackendError naming both sizes.
         """
-        if is_device_array(array):
+        if type(array) is not np.ndarray and is_device_array(array):
             synchronize_device()  # the caller's stream may still use the buffer
             if not self.cuda_aware:
                 host = np.empty(array.shape, dtype=array.dtype)  # the receive writes it whole
                 return copy_back_when_done(self.irecv(host, src, tag), array, host)
-        what = f"irecv from {'any rank' if src is None else f'rank {src}'} with tag {tag}"
-        if src is not None:
-            self._check_peer(src, "src", what)
-        comm, mpi_tag = self._route(tag, what)
-        source = self._MPI.ANY_SOURCE if src is None else src
+        comm, mpi_tag = self._message_route("irecv", src, "src", tag)
         try:
-            request = comm.Irecv([array, self._BYTE], source, mpi_tag)
+            request = comm.Irecv([array, self._BYTE], self._ANY_SOURCE if src is None else src,
+                                 mpi_tag)
         except self._MPI.Exception as exc:
-            raise self._failure(what, exc) from exc
-        expected = array.nbytes
-        return self._track(
-            request, array, what, functools.partial(self._received, what, expected),
-            self._p2p_failure(what, expected),
-        )
+            raise self._failure(message_text("irecv", src, tag), exc) from exc
+        return self._track(request, array, "irecv", src, tag)
 
     def send(self, array: Any, dst: int, tag: int) -> None:
         """``MPI_Isend``, tested on the calling thread until done: a blocking send with the
@@ -209,32 +200,20 @@ class MpiBackend(Backend):
         if is_device_array(array):
             super().send(array, dst, tag)  # staged through isend's Work
             return
-        if not (type(dst) is int and 0 <= dst < self.world_size) or self._closed \
-                or self._broken is not None:
-            self._check_blocking("send", dst, "dst", tag)
-        if 0 <= tag <= self._tag_ub:
-            comm, mpi_tag = self._comm, tag
-        else:  # colls' own (negative) tags, or one above MPI_TAG_UB (refused)
-            comm, mpi_tag = self._route(tag, f"send to rank {dst} with tag {tag}")
+        comm, mpi_tag = self._message_route("send", dst, "dst", tag)
         try:
             request = comm.Isend([array, self._BYTE], dst, mpi_tag)
             if not request.Test():
                 self._wait_blocking(request, None, array, "send to", dst, tag)
         except self._MPI.Exception as exc:
-            raise self._failure(f"send to rank {dst} with tag {tag}", exc) from exc
+            raise self._failure(message_text("send", dst, tag), exc) from exc
 
     def recv(self, array: Any, src: int | None, tag: int) -> int:
         """``MPI_Irecv``, tested on the calling thread until done (as :meth:`send`); return the
         sender's group rank. A message of another size raises a BackendError naming both."""
         if is_device_array(array):
             return super().recv(array, src, tag)
-        if not (src is None or (type(src) is int and 0 <= src < self.world_size)) \
-                or self._closed or self._broken is not None:
-            self._check_blocking("recv", src, "src", tag)
-        if 0 <= tag <= self._tag_ub:
-            comm, mpi_tag = self._comm, tag
-        else:  # colls' own (negative) tags, or one above MPI_TAG_UB (refused)
-            comm, mpi_tag = self._route(tag, f"recv from rank {src} with tag {tag}")
+        comm, mpi_tag = self._message_route("recv", src, "src", tag)
         MPI = self._MPI
         status = MPI.Status()
         try:
@@ -243,20 +222,23 @@ class MpiBackend(Backend):
             if not request.Test(status):
                 self._wait_blocking(request, status, array, "recv from", src, tag)
         except MPI.Exception as exc:
-            what = f"recv from {'any rank' if src is None else f'rank {src}'} with tag {tag}"
-            raise self._p2p_failure(what, array.nbytes)(exc, status) from exc
-        count = status.Get_count(self._BYTE)
-        if count != array.nbytes:
-            what = f"recv from {'any rank' if src is None else f'rank {src}'} with tag {tag}"
-            return self._received(what, array.nbytes, status)  # raises, naming both sizes
-        return status.Get_source()
+            raise self._message_error("recv", src, tag, array.nbytes, exc, status) from exc
+        return self._received("recv", src, tag, array.nbytes, status)
 
-    def _check_blocking(self, op: str, peer: int | None, name: str, tag: int) -> None:
-        """Raise what a blocking send or receive with these arguments raises (the slow path)."""
-        what = f"{op} {'to' if op == 'send' else 'from'} rank {peer} with tag {tag}"
+    def _message_route(self, op: str, peer: int | None, name: str, tag: int
+                       ) -> tuple[Any, int]:
+        """Check a message's peer (``name``: "dst" or "src"; None, any rank, for a receive)
+        and tag, and that the backend is usable; return the communicator and MPI tag.
+
+        The common case is two comparisons; the text of an error is made only for one.
+        """
+        if (peer is None or (type(peer) is int and 0 <= peer < self.world_size)) \
+                and self._broken is None and not self._closed and 0 <= tag <= self._tag_ub:
+            return self._comm, tag
+        what = message_text(op, peer, tag)
         if peer is not None:
             self._check_peer(peer, name, what)
-        self._route(tag, what)  # closed, broken, or a tag out of range
+        return self._route(tag, what)  # colls' own (negative) tags; or closed, broken, too big
 
     def _wait_blocking(self, request: Any, status: Any, array: Any, what: str,
                        peer: int | None, tag: int) -> None:
@@ -284,55 +266,76 @@ class MpiBackend(Backend):
                     "post the matching call)"
                 )
 
-    def _track(self, request: Any, array: Any, what: str, finish: Callable[[Any], Any],
-               describe: Callable[[Exception, Any], BaseException]) -> Work:
+    def _track(self, request: Any, array: Any, kind: str, peer: int | None, tag: int) -> Work:
+        """Return the Work of a posted isend or irecv: complete already when the request is (a
+        small send, or a message that was here), else held by a :class:`Pending` that the
+        waiter or the progress thread completes."""
         status = self._MPI.Status()
         try:  # a small send, or a message already here: done now, no thread, no driving
             done = request.Test(status)
         except self._MPI.Exception as exc:
-            return Work.failed(describe(exc, status), description=f"mpi {what}")
+            error = self._message_error(kind, peer, tag, array.nbytes, exc, status)
+            return Work.failed(error, description=self._done_text[kind])
         if done:
+            if kind == "isend":
+                return Work(Completion.finished(None), description=self._done_text[kind])
             try:
-                value = finish(status)
+                value = self._received(kind, peer, tag, array.nbytes, status)
             except BaseException as exc:  # delivered through the Work, as test_once does
-                return Work.failed(exc, description=f"mpi {what}")
-            return Work.completed(value, description=f"mpi {what}")
-        future = DrivenFuture(self._MPI.Status, self._spin_tests, self._progress)
-        work = Work(future, description=f"mpi {what} on {self._where}",
-                    default_timeout=self.timeout)
-        item = future.item = Pending(request, work, array, finish, describe)
-        self._progress.add(item)
+                return Work.failed(exc, description=self._done_text[kind])
+            return Work(Completion.finished(value), description=self._done_text[kind])
+        item = Pending(self, request, array, kind, peer, tag)
+        work = Work(item, description=item, default_timeout=self.timeout)
+        self.progress.add(item)
         return work
 
-    def _received(self, what: str, expected: int, status: Any) -> int:
+    # -- what Pending asks of its owner (colls_plugins.mpi.progress) ---------------------------
+    def finish(self, item: Pending, status: Any) -> Any:
+        """Return the value of message ``item``'s completed request: None for a send, the
+        sender's group rank for a receive (raises for a message of another size)."""
+        if item.kind == "isend":
+            return None
+        return self._received(item.kind, item.peer, item.tag, item.nbytes, status)
+
+    def describe(self, item: Pending, exc: Exception, status: Any) -> BaseException:
+        """Return the exception to report for MPI error ``exc`` on message ``item``."""
+        return self._message_error(item.kind, item.peer, item.tag, item.nbytes, exc, status)
+
+    def describe_message(self, item: Pending) -> str:
+        """Return what ``item`` is, for its Work's errors: "mpi irecv from rank 1 with tag 0
+        on group 'default_pg' (rank 0 of 2)"."""
+        return f"mpi {message_text(item.kind, item.peer, item.tag)} on {self._where}"
+
+    def _received(self, op: str, peer: int | None, tag: int, expected: int, status: Any) -> int:
+        """Return the sender of a completed receive; raise if its message had another size."""
         count = status.Get_count(self._BYTE)
         source = status.Get_source()
         if count != expected:
             raise BackendError(
-                f"mpi {what} on {self._where}: the message from rank {source} has {count} "
-                f"bytes but the receive buffer has {expected} bytes"
+                f"mpi {message_text(op, peer, tag)} on {self._where}: the message from rank "
+                f"{source} has {count} bytes but the receive buffer has {expected} bytes"
             )
         return source
 
-    def _p2p_failure(self, what: str, nbytes: int) -> Callable[[Exception, Any], BaseException]:
-        def describe(exc: Exception, status: Any) -> BaseException:
-            MPI = self._MPI
-            if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
-                # Open MPI's status holds the message's size (its error text does not); MPICH's
-                # text does ("32 bytes received but buffer size is 8").
-                count = status.Get_count(self._BYTE)
-                size = f"has {count} bytes, " if count > nbytes else "is "
-                error = BackendError(
-                    f"mpi {what} on {self._where}: the message from rank "
-                    f"{status.Get_source()} {size}larger than the {nbytes}-byte receive buffer "
-                    f"(MPI: {_mpi_text(exc)})"
-                )
-            else:
-                error = self._failure(what, exc)
-            error.__cause__ = exc
-            return error
-
-        return describe
+    def _message_error(self, op: str, peer: int | None, tag: int, nbytes: int, exc: Exception,
+                       status: Any) -> BaseException:
+        """Return the exception for MPI error ``exc`` on a send or receive of ``nbytes``."""
+        MPI = self._MPI
+        what = message_text(op, peer, tag)
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            # Open MPI's status holds the message's size (its error text does not); MPICH's
+            # text does ("32 bytes received but buffer size is 8").
+            count = status.Get_count(self._BYTE)
+            size = f"has {count} bytes, " if count > nbytes else "is "
+            error = BackendError(
+                f"mpi {what} on {self._where}: the message from rank "
+                f"{status.Get_source()} {size}larger than the {nbytes}-byte receive buffer "
+                f"(MPI: {_mpi_text(exc)})"
+            )
+        else:
+            error = self._failure(what, exc)
+        error.__cause__ = exc
+        return error
 
     def _route(self, tag: int, what: str) -> tuple[Any, int]:
         """Return the communicator and MPI tag for a colls tag (negative: colls-internal)."""
@@ -629,7 +632,7 @@ class MpiBackend(Backend):
             self._broken = f"the group was aborted ({error})"
         if self._ulfm:  # tell the peers now; never MPI_Abort, which would end the survivors
             ulfm.revoke(self._comm, self._internal)
-        for item in self._progress.close(str(error)):
+        for item in self.progress.close(str(error)):
             _cancel(item)
 
     def close(self) -> None:
@@ -643,7 +646,7 @@ class MpiBackend(Backend):
             return
         self._closed = True
         _live.discard(self)
-        left = self._progress.close(f"mpi backend of {self._where} was closed")
+        left = self.progress.close(f"mpi backend of {self._where} was closed")
         for item in left:
             _cancel(item)
         if self._MPI.Is_finalized():
@@ -661,8 +664,11 @@ class MpiBackend(Backend):
         return f"<MpiBackend {self._where}>"
 
 
-def _sent(_status: Any) -> None:
-    return None
+def message_text(op: str, peer: int | None, tag: int) -> str:
+    """Name a point-to-point call in errors: "irecv from any rank with tag 3"."""
+    if op in ("send", "isend"):
+        return f"{op} to rank {peer} with tag {tag}"
+    return f"{op} from {'any rank' if peer is None else f'rank {peer}'} with tag {tag}"
 
 
 def _mpi_text(exc: Exception) -> str:
@@ -699,12 +705,6 @@ def _counts_and_displacements(splits: Sequence[int], itemsize: int) -> tuple[lis
 
 
 def _cancel(item: Pending) -> None:
-    """Cancel a pending receive left at close; keep it (and its buffer) alive regardless."""
+    """Cancel a request a close left pending; keep it (and its buffer) alive regardless."""
     _abandoned.append(item)
-    with item.lock:  # a waiting thread may be testing it
-        if item.done:
-            return
-        try:
-            item.request.Cancel()
-        except Exception:  # a send: cancelling sends is deprecated in MPI 4
-            pass
+    item.cancel_request()

@@ -166,10 +166,12 @@ def p2p_progress(rank: int, world_size: int) -> dict[str, Any]:
     if rank == 1:
         work = colls.irecv(late, src=0, tag=77)
         start = time.monotonic()
+        out["pending_repr"] = repr(work)
         try:
             work.wait(timeout=0.3)
-        except CollsTimeoutError:
+        except CollsTimeoutError as exc:
             out["timed_out_after"] = time.monotonic() - start
+            out["timeout_message"] = str(exc)
     colls.barrier()
     if rank == 0:
         colls.send(np.array([5, 6], dtype=np.int64), dst=1, tag=77)

@@ -67,6 +67,10 @@ def test_point_to_point_completes_without_the_caller_polling() -> None:
     assert results[1]["done"] == [True, True]
     assert results[1]["ok"] == [True, list(range(10))]
     assert 0.25 < results[1]["timed_out_after"] < 5  # wait(timeout) is honoured
+    # The pending Work's description, made only when shown, names the message and the group.
+    named = "mpi irecv from rank 0 with tag 77 on group 'default_pg' (rank 1 of 2)"
+    assert results[1]["timeout_message"] == f"{named} did not complete within 0.3 s"
+    assert results[1]["pending_repr"] == f"<colls.Work {named}: pending>"
     assert results[1]["late"] == [5, 6]  # and the Work still completes afterwards
 
 
