@@ -8,6 +8,7 @@ Cases, each a loop of back-to-back calls timed together (the way a solver issues
 barrier; a sample is the slowest rank's time per call and a row is the median over samples:
 
 * ``all_reduce 8B``: float32 SUM of 2 elements, in place;
+* ``all_reduce 4KiB``: the same of 1024 elements (colls' flat shared-memory path, not the tiny);
 * ``barrier``;
 * ``pingpong 8B``: half a round trip of an 8-byte send/recv; ranks pair up (0-1, 2-3, ...) and
   every pair ping-pongs at once (OSU's multi-pair latency);
@@ -42,7 +43,7 @@ import bench_vs_peers as peers  # noqa: E402  (sibling script, not a package)
 
 #: colls-only cases that bypass the core (the shared-memory layer's own cost).
 BACKEND_CASES = ("all_reduce 8B backend", "barrier backend")
-CASES = ("all_reduce 8B", "barrier", "pingpong 8B")
+CASES = ("all_reduce 8B", "all_reduce 4KiB", "barrier", "pingpong 8B")
 #: colls with COLLS_NATIVE=0 (``--pure``): the shared-memory layer without its compiled piece.
 PURE = "colls-pure"
 #: Targets of issue 15 (colls / MPICH), by case and world size.
@@ -108,7 +109,9 @@ def case_runs(comm) -> dict:
         def ping() -> None:
             comm.recv(p, peer)
             comm.send(p, peer)
-    runs = {"all_reduce 8B": lambda: comm.all_reduce(x), "barrier": comm.barrier}
+    y = np.zeros(1024, np.float32)
+    runs = {"all_reduce 8B": lambda: comm.all_reduce(x),
+            "all_reduce 4KiB": lambda: comm.all_reduce(y), "barrier": comm.barrier}
     if ping is not None:
         runs["pingpong 8B"] = ping
     if hasattr(comm, "backend_ops"):

@@ -169,9 +169,9 @@ def test_shared_memory_errors_name_group_ranks_not_host_indices(hosts_by_thread)
             return str(info.value)
 
         messages = on_threads(mismatched, 2, JOIN_S)
-        assert messages[0].startswith("rank 2: barrier (shm) on rank 2: "), messages[0]
+        assert messages[0].startswith("rank 2: barrier (shm): "), messages[0]
         assert "rank 3" in messages[0] and "rank 1" not in messages[0], messages[0]
-        assert messages[1].startswith("rank 3: barrier (shm) on rank 3: "), messages[1]
+        assert messages[1].startswith("rank 3: barrier (shm): "), messages[1]
     finally:
         for b in backends:
             b.close()

@@ -56,6 +56,8 @@ static double now_seconds(void) {
 
 /* Fold codes: dtype * 2 + (1 for a product). Python keeps the same table (shm_tiny.FOLDS). */
 enum { F32 = 0, F64 = 1, I32 = 2, I64 = 3 };
+/* A segment's control page (segment.CTRL_BYTES): its data slots and rings come after it. */
+#define CTRL_PAGE_BYTES 4096
 
 typedef struct {
     PyObject_HEAD
@@ -489,6 +491,131 @@ static PyObject *Sync_tiny_fold(SyncObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_TRUE;
 }
 
+/* The bytes [offset, offset + len) of rank r's segment, or NULL (an exception set) when they
+ * are not all inside it. */
+static char *segment_bytes(SyncObject *self, Py_ssize_t r, Py_ssize_t offset, Py_ssize_t len) {
+    if (offset < CTRL_PAGE_BYTES || len < 0 || offset > self->bufs[r].len - len) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: bytes %zd..%zd are not a data area of segment %zd",
+                     offset, offset + len, r);
+        return NULL;
+    }
+    return (char *)self->bufs[r].buf + offset;
+}
+
+PyDoc_STRVAR(slot_post_doc, "slot_post(array, offset, phase) -> tuple\n\n"
+             "Copy ``array``'s bytes to ``offset`` of this rank's segment (a data slot, already\n"
+             "stamped), publish ``phase``; return the peers that sleep (as post()).");
+
+static PyObject *Sync_slot_post(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (begin_call(self, nargs, 3, "slot_post") < 0) {
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    long long phase = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer src;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    char *slot = segment_bytes(self, self->rank, offset, src.len);
+    if (slot != NULL) {
+        memcpy(slot, src.buf, (size_t)src.len);
+    }
+    PyBuffer_Release(&src);
+    if (slot == NULL) {
+        return NULL;
+    }
+    publish(self, (int64_t)phase);
+    return sleepers(self);
+}
+
+/* d[i] = d[i] OP s[i] for the next rank's slot s, in the element type (integers wrap as
+ * NumPy's do, computed unsigned: signed overflow is undefined in C). Byte copies, not typed
+ * pointers: the caller's array need not be aligned. */
+#define FOLD_INTO(TYPE, ACC, OP)                                                               \
+    for (Py_ssize_t r = 1; r < self->size; r++) {                                            \
+        const char *s = srcs[r];                                                             \
+        for (Py_ssize_t i = 0; i < count; i++) {                                             \
+            TYPE a, b;                                                                       \
+            memcpy(&a, d + i * sizeof(TYPE), sizeof(TYPE));                                  \
+            memcpy(&b, s + i * sizeof(TYPE), sizeof(TYPE));                                  \
+            a = (TYPE)((ACC)a OP (ACC)b);                                                    \
+            memcpy(d + i * sizeof(TYPE), &a, sizeof(TYPE));                                  \
+        }                                                                                    \
+    }
+
+PyDoc_STRVAR(slot_fold_doc, "slot_fold(array, offset, stamp_word, code) -> bool\n\n"
+             "If every peer stamped word ``stamp_word`` as this rank did, set ``array`` to the\n"
+             "rank-order fold of every rank's bytes at ``offset`` (as many as ``array`` has;\n"
+             "``code`` as tiny_fold's) and return True; else return False, unchanged.");
+
+static PyObject *Sync_slot_fold(SyncObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (begin_call(self, nargs, 4, "slot_fold") < 0) {
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t word = PyLong_AsSsize_t(args[2]);
+    long code = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (code < 0 || code > 7 || word < 0 || word >= CTRL_PAGE_BYTES / 8) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: no fold %ld or stamp word %zd", code, word);
+        return NULL;
+    }
+    Py_ssize_t peers = 0;
+    for (Py_ssize_t r = 0; r < self->size; r++) {
+        if (r != self->rank) {
+            self->scratch[peers++] = r;
+        }
+    }
+    if (!stamps_match(self, self->scratch, peers, word)) {
+        Py_RETURN_FALSE;
+    }
+    Py_buffer dst;
+    if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    static const Py_ssize_t itemsize[] = {4, 8, 4, 8};
+    if (dst.len % itemsize[code >> 1]) {
+        PyErr_Format(PyExc_ValueError, "tcp shm: %zd bytes are not whole elements of fold %ld",
+                     dst.len, code);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    const char **srcs = (const char **)PyMem_Malloc((size_t)self->size * sizeof(char *));
+    if (srcs == NULL) {
+        PyBuffer_Release(&dst);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t r = 0; r < self->size; r++) {
+        srcs[r] = segment_bytes(self, r, offset, dst.len);
+        if (srcs[r] == NULL) {
+            PyMem_Free((void *)srcs);
+            PyBuffer_Release(&dst);
+            return NULL;
+        }
+    }
+    Py_ssize_t count = dst.len / itemsize[code >> 1];
+    char *d = (char *)dst.buf;
+    memcpy(d, srcs[0], (size_t)dst.len);
+    switch (code) {
+    case 2 * F32: FOLD_INTO(float, float, +) break;
+    case 2 * F32 + 1: FOLD_INTO(float, float, *) break;
+    case 2 * F64: FOLD_INTO(double, double, +) break;
+    case 2 * F64 + 1: FOLD_INTO(double, double, *) break;
+    case 2 * I32: FOLD_INTO(int32_t, uint32_t, +) break;
+    case 2 * I32 + 1: FOLD_INTO(int32_t, uint32_t, *) break;
+    case 2 * I64: FOLD_INTO(int64_t, uint64_t, +) break;
+    case 2 * I64 + 1: FOLD_INTO(int64_t, uint64_t, *) break;
+    }
+    PyMem_Free((void *)srcs);
+    PyBuffer_Release(&dst);
+    Py_RETURN_TRUE;
+}
+
 PyDoc_STRVAR(rings_doc, "rings(pair_ctrl_base, pair_ctrl_bytes, ring_base, ring_bytes, p2p_sleep_word)\n\n"
              "Enable ring_put/ring_take on segments that carry one pair area per host rank.");
 
@@ -758,6 +885,8 @@ static PyMethodDef Sync_methods[] = {
     {"same_stamp", (PyCFunction)(void (*)(void))Sync_same_stamp, METH_FASTCALL, same_stamp_doc},
     {"tiny_post", (PyCFunction)(void (*)(void))Sync_tiny_post, METH_FASTCALL, tiny_post_doc},
     {"tiny_fold", (PyCFunction)(void (*)(void))Sync_tiny_fold, METH_FASTCALL, tiny_fold_doc},
+    {"slot_post", (PyCFunction)(void (*)(void))Sync_slot_post, METH_FASTCALL, slot_post_doc},
+    {"slot_fold", (PyCFunction)(void (*)(void))Sync_slot_fold, METH_FASTCALL, slot_fold_doc},
     {"rings", (PyCFunction)(void (*)(void))Sync_rings, METH_FASTCALL, rings_doc},
     {"ring_put", (PyCFunction)(void (*)(void))Sync_ring_put, METH_FASTCALL, ring_put_doc},
     {"ring_peek", (PyCFunction)(void (*)(void))Sync_ring_peek, METH_FASTCALL, ring_peek_doc},
@@ -938,7 +1067,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     }
     /* colls_plugins/tcp/shm/native.py refuses a build whose interface is not the one it
      * expects (an editable install whose .so predates a change to this file). */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 6) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 7) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -63,6 +63,7 @@ from colls.fingerprint import describe_tag_conflict
 from colls_plugins.tcp.shm import native as shm_native
 from colls_plugins.tcp.shm.segment import (
     AWAKE,
+    CTRL_BYTES,
     MAX_ANNOUNCED_RANKS,
     P2P_CTRL_BYTES,
     SENT_BYTES,
@@ -432,6 +433,22 @@ class ShmGroup:
     def release_slot(self, slot: int) -> None:
         """Mark the end of this rank's use of ``slot`` for the current piece."""
         self._slot_free[slot] = self.phase + 1
+
+    def post_slot(self, array: Any, slot: int) -> None:
+        """Copy ``array``'s bytes into this rank's ``slot`` (claimed) and post, in one C call
+        (:attr:`native` must be set)."""
+        self.phase += 1
+        offset = CTRL_BYTES + slot * self.slot_bytes
+        for peer in self.native.slot_post(array, offset, self.phase):
+            self._wake(peer)
+
+    def fold_slot(self, array: Any, slot: int, code: int) -> bool:
+        """If every peer stamped ``slot`` as this rank did, set ``array`` to the rank-order fold
+        (``code``: :data:`colls_plugins.tcp.shm.tiny.FOLDS`) of every rank's bytes in it and
+        return True; else return False, leaving ``array`` alone (:attr:`native` must be set).
+        """
+        return bool(self.native.slot_fold(array, CTRL_BYTES + slot * self.slot_bytes,
+                                          W_STAMP + slot, code))
 
     def check(self, ranks: Sequence[int], slot: int, what: str) -> None:
         """Raise BackendError if a rank in ``ranks`` stamped another call's tag on ``slot``."""

@@ -17,7 +17,7 @@ from colls import env
 #: The interface of ``_shm_native.c`` this Python code calls; the C file exports its own as
 #: ``INTERFACE``. They differ when an editable install's built file predates a change to the C
 #: file: that build is not used (reinstall to rebuild it).
-INTERFACE = 6
+INTERFACE = 7
 
 try:
     from colls_plugins.tcp.shm import _native as _shm_native
