@@ -235,6 +235,10 @@ class _Watcher:
             record = FailureRecord.decode(payload)
             if record is not None and record.kind == SHUTDOWN:
                 self._host_left = True
+                # A failure reported while the host was leaving may sit behind its record (a
+                # report slowed past the host's flush): apply what is already written.
+                self.next_index += 1
+                self._read_written()
                 return
             if record is not None:
                 self._apply(record)
