@@ -67,6 +67,7 @@ typedef struct {
     Py_buffer *bufs;     /* one per rank's segment, held until close() */
     int64_t **ctrl;      /* each rank's control page as int64 words */
     Py_ssize_t *scratch; /* ranks being polled, copied out before the GIL is released */
+    const char **srcs;   /* every rank's payload of a fold (used with the GIL held) */
     int busy;            /* a poll runs without the GIL: close() must not release the buffers */
     int closed;
     /* point-to-point rings (set by rings(); ring_bytes 0 until then): the control line of
@@ -100,6 +101,8 @@ static void release_buffers(SyncObject *self) {
     self->ctrl = NULL;
     PyMem_Free(self->scratch);
     self->scratch = NULL;
+    PyMem_Free((void *)self->srcs);
+    self->srcs = NULL;
 }
 
 static int check_open(SyncObject *self) {
@@ -155,7 +158,9 @@ static int Sync_init(SyncObject *self, PyObject *args, PyObject *kwds) {
     self->bufs = PyMem_Calloc((size_t)size, sizeof(Py_buffer));
     self->ctrl = PyMem_Calloc((size_t)size, sizeof(int64_t *));
     self->scratch = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
-    if (self->bufs == NULL || self->ctrl == NULL || self->scratch == NULL) {
+    self->srcs = (const char **)PyMem_Calloc((size_t)size, sizeof(char *));
+    if (self->bufs == NULL || self->ctrl == NULL || self->scratch == NULL
+        || self->srcs == NULL) {
         release_buffers(self);
         Py_DECREF(seq);
         PyErr_NoMemory();
@@ -421,22 +426,40 @@ static PyObject *Sync_tiny_post(SyncObject *self, PyObject *const *args, Py_ssiz
     return sleepers(self);
 }
 
-/* out[i] = ((p0[i] op p1[i]) op p2[i]) ... in the element type: NumPy's rank-order result.
- * Integers wrap as NumPy's do (computed unsigned: signed overflow is undefined in C). */
-#define FOLD(TYPE, ACC, OP)                                                                     \
-    for (Py_ssize_t i = 0; i < count; i++) {                                                   \
-        TYPE v;                                                                                \
-        memcpy(&v, (const char *)(tiny_line(self, 0, line) + 1) + i * sizeof(TYPE),            \
-               sizeof(TYPE));                                                                  \
-        ACC acc = (ACC)v;                                                                      \
-        for (Py_ssize_t r = 1; r < self->size; r++) {                                          \
-            memcpy(&v, (const char *)(tiny_line(self, r, line) + 1) + i * sizeof(TYPE),        \
-                   sizeof(TYPE));                                                              \
-            acc = (ACC)(acc OP (ACC)v);                                                        \
-        }                                                                                      \
-        v = (TYPE)acc;                                                                         \
-        memcpy((char *)dst.buf + i * sizeof(TYPE), &v, sizeof(TYPE));                          \
+/* d[i] = d[i] OP s[i] for each next rank's payload s, in the element type: with d first set to
+ * rank 0's, NumPy's rank-order result. Integers wrap as NumPy's do (computed unsigned: signed
+ * overflow is undefined in C). Byte copies, not typed pointers: the caller's array need not be
+ * aligned. */
+#define FOLD_INTO(TYPE, ACC, OP)                                                               \
+    for (Py_ssize_t r = 1; r < size; r++) {                                                  \
+        const char *s = srcs[r];                                                             \
+        for (Py_ssize_t i = 0; i < nbytes / (Py_ssize_t)sizeof(TYPE); i++) {                 \
+            TYPE a, b;                                                                       \
+            memcpy(&a, d + i * sizeof(TYPE), sizeof(TYPE));                                  \
+            memcpy(&b, s + i * sizeof(TYPE), sizeof(TYPE));                                  \
+            a = (TYPE)((ACC)a OP (ACC)b);                                                    \
+            memcpy(d + i * sizeof(TYPE), &a, sizeof(TYPE));                                  \
+        }                                                                                    \
     }
+
+/* Element bytes of each fold dtype (code >> 1). */
+static const Py_ssize_t fold_itemsize[] = {4, 8, 4, 8};
+
+/* Set the ``nbytes`` at ``d`` to the rank-order fold ``code`` of ``srcs[0..size)``. */
+static void fold_into(char *d, const char **srcs, Py_ssize_t size, Py_ssize_t nbytes,
+                      long code) {
+    memcpy(d, srcs[0], (size_t)nbytes);
+    switch (code) {
+    case 2 * F32: FOLD_INTO(float, float, +) break;
+    case 2 * F32 + 1: FOLD_INTO(float, float, *) break;
+    case 2 * F64: FOLD_INTO(double, double, +) break;
+    case 2 * F64 + 1: FOLD_INTO(double, double, *) break;
+    case 2 * I32: FOLD_INTO(int32_t, uint32_t, +) break;
+    case 2 * I32 + 1: FOLD_INTO(int32_t, uint32_t, *) break;
+    case 2 * I64: FOLD_INTO(int64_t, uint64_t, +) break;
+    case 2 * I64 + 1: FOLD_INTO(int64_t, uint64_t, *) break;
+    }
+}
 
 PyDoc_STRVAR(tiny_fold_doc, "tiny_fold(array, line, code) -> bool\n\n"
              "If every peer stamped tiny line ``line`` as this rank did, set ``array`` to the\n"
@@ -469,24 +492,16 @@ static PyObject *Sync_tiny_fold(SyncObject *self, PyObject *const *args, Py_ssiz
     if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0) {
         return NULL;
     }
-    static const Py_ssize_t itemsize[] = {4, 8, 4, 8};
-    Py_ssize_t count = dst.len / itemsize[code >> 1];
-    if (dst.len > self->tiny_bytes || dst.len % itemsize[code >> 1]) {
+    if (dst.len > self->tiny_bytes || dst.len % fold_itemsize[code >> 1]) {
         PyErr_Format(PyExc_ValueError, "tcp shm: %zd bytes are not a tiny payload of fold %ld",
                      dst.len, code);
         PyBuffer_Release(&dst);
         return NULL;
     }
-    switch (code) {
-    case 2 * F32: FOLD(float, float, +) break;
-    case 2 * F32 + 1: FOLD(float, float, *) break;
-    case 2 * F64: FOLD(double, double, +) break;
-    case 2 * F64 + 1: FOLD(double, double, *) break;
-    case 2 * I32: FOLD(int32_t, uint32_t, +) break;
-    case 2 * I32 + 1: FOLD(int32_t, uint32_t, *) break;
-    case 2 * I64: FOLD(int64_t, uint64_t, +) break;
-    case 2 * I64 + 1: FOLD(int64_t, uint64_t, *) break;
+    for (Py_ssize_t r = 0; r < self->size; r++) {
+        self->srcs[r] = (const char *)(tiny_line(self, r, line) + 1);
     }
+    fold_into((char *)dst.buf, self->srcs, self->size, dst.len, code);
     PyBuffer_Release(&dst);
     Py_RETURN_TRUE;
 }
@@ -531,21 +546,6 @@ static PyObject *Sync_slot_post(SyncObject *self, PyObject *const *args, Py_ssiz
     return sleepers(self);
 }
 
-/* d[i] = d[i] OP s[i] for the next rank's slot s, in the element type (integers wrap as
- * NumPy's do, computed unsigned: signed overflow is undefined in C). Byte copies, not typed
- * pointers: the caller's array need not be aligned. */
-#define FOLD_INTO(TYPE, ACC, OP)                                                               \
-    for (Py_ssize_t r = 1; r < self->size; r++) {                                            \
-        const char *s = srcs[r];                                                             \
-        for (Py_ssize_t i = 0; i < count; i++) {                                             \
-            TYPE a, b;                                                                       \
-            memcpy(&a, d + i * sizeof(TYPE), sizeof(TYPE));                                  \
-            memcpy(&b, s + i * sizeof(TYPE), sizeof(TYPE));                                  \
-            a = (TYPE)((ACC)a OP (ACC)b);                                                    \
-            memcpy(d + i * sizeof(TYPE), &a, sizeof(TYPE));                                  \
-        }                                                                                    \
-    }
-
 PyDoc_STRVAR(slot_fold_doc, "slot_fold(array, offset, stamp_word, code) -> bool\n\n"
              "If every peer stamped word ``stamp_word`` as this rank did, set ``array`` to the\n"
              "rank-order fold of every rank's bytes at ``offset`` (as many as ``array`` has;\n"
@@ -578,40 +578,20 @@ static PyObject *Sync_slot_fold(SyncObject *self, PyObject *const *args, Py_ssiz
     if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0) {
         return NULL;
     }
-    static const Py_ssize_t itemsize[] = {4, 8, 4, 8};
-    if (dst.len % itemsize[code >> 1]) {
+    if (dst.len % fold_itemsize[code >> 1]) {
         PyErr_Format(PyExc_ValueError, "tcp shm: %zd bytes are not whole elements of fold %ld",
                      dst.len, code);
         PyBuffer_Release(&dst);
         return NULL;
     }
-    const char **srcs = (const char **)PyMem_Malloc((size_t)self->size * sizeof(char *));
-    if (srcs == NULL) {
-        PyBuffer_Release(&dst);
-        return PyErr_NoMemory();
-    }
     for (Py_ssize_t r = 0; r < self->size; r++) {
-        srcs[r] = segment_bytes(self, r, offset, dst.len);
-        if (srcs[r] == NULL) {
-            PyMem_Free((void *)srcs);
+        self->srcs[r] = segment_bytes(self, r, offset, dst.len);
+        if (self->srcs[r] == NULL) {
             PyBuffer_Release(&dst);
             return NULL;
         }
     }
-    Py_ssize_t count = dst.len / itemsize[code >> 1];
-    char *d = (char *)dst.buf;
-    memcpy(d, srcs[0], (size_t)dst.len);
-    switch (code) {
-    case 2 * F32: FOLD_INTO(float, float, +) break;
-    case 2 * F32 + 1: FOLD_INTO(float, float, *) break;
-    case 2 * F64: FOLD_INTO(double, double, +) break;
-    case 2 * F64 + 1: FOLD_INTO(double, double, *) break;
-    case 2 * I32: FOLD_INTO(int32_t, uint32_t, +) break;
-    case 2 * I32 + 1: FOLD_INTO(int32_t, uint32_t, *) break;
-    case 2 * I64: FOLD_INTO(int64_t, uint64_t, +) break;
-    case 2 * I64 + 1: FOLD_INTO(int64_t, uint64_t, *) break;
-    }
-    PyMem_Free((void *)srcs);
+    fold_into((char *)dst.buf, self->srcs, self->size, dst.len, code);
     PyBuffer_Release(&dst);
     Py_RETURN_TRUE;
 }
