@@ -289,12 +289,15 @@ class _Watcher:
             return  # closed under us: destroy is running
 
     def _apply(self, record: FailureRecord) -> None:
+        # Every rank dumps on another's failure, members of the failed group or not; before
+        # the groups break, while the calls that wait are still in progress: breaking first let
+        # a waiting call raise and leave before the dump, which then showed it where the call's
+        # plan had first been made (another line of the caller), not where it waited.
+        flight_recorder.on_record(record, self.store)
         with self._lock:
             groups = list(self.groups)
         for health in groups:
             health.apply(record)
-        # Every rank dumps on another's failure, members of the failed group or not.
-        flight_recorder.on_record(record, self.store)
 
     def _store_lost(self, exc: BaseException) -> None:
         with self._lock:
