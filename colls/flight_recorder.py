@@ -555,24 +555,28 @@ def on_failure(group: str, label: str, reason: str) -> None:
         atexit.register(_wait_for_other_dumps)
 
 
-def on_record(record: Any, store: Store) -> None:
-    """Another rank's failure record (or dump request) reached this rank: dump, then count this
-    dump for its reporter."""
+def on_record(record: Any) -> bool:
+    """Another rank's failure record (or dump request) reached this rank: dump; return whether
+    a dump was written (then :func:`acknowledge` counts it for the record's reporter)."""
     from colls.registry import REGISTRY
 
     if RECORDER.ring is None or record.reporter == REGISTRY.world_rank:
-        return
+        return False
     if record.kind == "dump":  # a request (colls.debug.dump): always answered
         written = dump(f"requested by rank {record.reporter}: {record.reason[:300]}")
     else:
         key = (record.kind, record.reporter, record.group, record.op)
         written = dump_once(key, f"after a failure on rank {record.reporter}: "
                                  f"{record.reason[:300]}")
-    if written is None:
-        return
+    return written is not None
+
+
+def acknowledge(record: Any, store: Store) -> None:
+    """Count this rank's dump for ``record``'s reporter in the store (a courtesy: the store may
+    be gone, and the dump is written anyway)."""
     try:
         store.add(ACK_KEY.format(reporter=record.reporter), 1)
-    except Exception:  # the store may be gone: the dump is written, the count is a courtesy
+    except Exception:
         logger.debug("colls: could not count this rank's dump in the store", exc_info=True)
 
 

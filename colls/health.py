@@ -292,12 +292,16 @@ class _Watcher:
         # Every rank dumps on another's failure, members of the failed group or not; before
         # the groups break, while the calls that wait are still in progress: breaking first let
         # a waiting call raise and leave before the dump, which then showed it where the call's
-        # plan had first been made (another line of the caller), not where it waited.
-        flight_recorder.on_record(record, self.store)
+        # plan had first been made (another line of the caller), not where it waited. The dump
+        # is counted in the store only after the groups broke: a store cut off must not hold
+        # that up.
+        dumped = flight_recorder.on_record(record)
         with self._lock:
             groups = list(self.groups)
         for health in groups:
             health.apply(record)
+        if dumped:
+            flight_recorder.acknowledge(record, self.store)
 
     def _store_lost(self, exc: BaseException) -> None:
         with self._lock:
