@@ -131,9 +131,19 @@ class GroupRecord:
         timeout = getattr(pg, "timeout", None)
         self.timeout_ms = int(timeout * 1000) if timeout else 0
         self.health = health
-        #: Sequence numbers of this group's collectives that failed (they count as not completed).
-        self.failed: set[int] = set()
+        #: This group's collectives that failed (they count as not completed), by sequence
+        #: number: the call's stack when it failed.
+        self.failed: dict[int, tuple[tuple[Any, int], ...]] = {}
         self.next_p2p = itertools.count().__next__
+
+    def fail(self, seq: int) -> None:
+        """Note that collective ``seq`` failed, and where it was called (the caller's stack).
+
+        A dump taken after the call has raised and left shows this site: the fast path's
+        entries otherwise carry their plan's sampled site, which may be another line of the
+        caller (the first call that made the plan).
+        """
+        self.failed[seq] = _stack(1)
 
     def state_of(self, seq: int) -> str:
         """Return collective ``seq``'s state from the group's health (see the module docstring)."""
@@ -443,7 +453,8 @@ def _entry_dict(rid: int, entry: Any, now_ns: int, running: dict[Any, list[dict[
         "is_p2p": p2p is not None,
         "frames": (running.get(group.health) if p2p is None and state == "started"
                    and group.health._current is not None and group.health._current[1] == seq
-                   else None) or frames_of(pairs),
+                   else None) or frames_of(group.failed.get(seq, pairs) if p2p is None
+                                           else pairs),
         "age_s": (now_ns - created) / 1e9,
     }
 

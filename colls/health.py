@@ -431,7 +431,7 @@ class GroupHealth:
             return job(array, arg, tag)
         except BaseException as exc:
             if self.fr is not None:
-                self.fr.failed.add(seq)
+                self.fr.fail(seq)
             failure = self.job_failed(label(op, seq), exc)
             if failure is exc:
                 raise
