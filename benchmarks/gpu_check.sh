@@ -20,7 +20,9 @@
 #   nccl        50  tests/gpu/test_nccl_gpu.py: nccl at world size 1.
 #   tcp         55  tests/gpu/test_tcp_cuda.py: CUDA arrays through tcp at 2 and 4 processes.
 #   torch       30  tests/gpu/test_torch_cuda.py: colls_torch on CUDA (streams, device maps).
-#   jax         35  tests/gpu/test_jax_cuda.py: colls_jax on GPU arrays, eager, jit and grad.
+#   jax         35  tests/gpu/test_jax_cuda.py: colls_jax on GPU arrays, eager, jit and grad;
+#                   under jit both the CUDA FFI handler (tcp at 2 processes, nccl at 1) and the
+#                   host callbacks.
 #   bench-nccl  15  benchmarks/gpu_bench.py, sizes up to 16 MiB, 20 iterations.
 #   bench-tcp   20  benchmarks/gpu_tcp_bench.py, 2 ranks, sizes up to 16 MiB, 3 iterations.
 # tests/nccl is not run here: it runs on the CPU, in CI.

@@ -9,6 +9,15 @@ and writes XLA's output buffer. Collectives that reduce in place (all_reduce, br
 reduce) alias their output to their input (``input_output_aliases``), so when XLA can donate
 the input the result is computed in that very buffer.
 
+On XLA's CUDA platform the same target has the extension's device handler: XLA's buffers are
+device memory, so the handler passes them as (pointer, bytes) pairs with the stream the call
+runs on and the device's ordinal, and :func:`_dispatch_device` views them as CuPy arrays (no
+copy) and runs the same host function with that stream current (CuPy's ``ExternalStream``). The
+core then orders its work on XLA's stream, as it does on any caller's current stream: nccl
+enqueues after it and makes it wait on the result, with no host synchronisation; a host
+transport (tcp, mpi without CUDA support) stages through host memory. Not yet run on a GPU
+(docs/gpu.md).
+
 Order. A custom call with ``has_side_effect=True`` is never removed as dead code, but XLA may
 still run two independent ones in any order, and two ranks could then deadlock. So the call
 carries an *ordered effect* (:class:`CollsEffect`, registered as JAX's ordered effects are):
@@ -42,11 +51,17 @@ logger = logging.getLogger("colls.jax")
 
 TARGET = "colls_jax_call"
 #: The interface of ``_ffi_native.c`` this module speaks (its ``INTERFACE``).
-INTERFACE = 1
+INTERFACE = 2
 #: ``COLLS_JAX_JIT``: auto (FFI when it loads, else callbacks) | ffi | callback.
 PATHS = ("auto", "ffi", "callback")
+#: JAX's lowering platforms of the custom call (XLA's CPU and CUDA platforms have handlers).
+PLATFORMS = ("cpu", "cuda")
 
-Runner = Callable[[tuple[memoryview, ...], tuple[memoryview, ...]], None]
+#: Views one of XLA's buffers (a memoryview, or a (pointer, bytes) pair of device memory) as an
+#: array of an aval's shape and dtype.
+Viewer = Callable[[Any, Any], Any]
+#: One call site: runs its collective on XLA's input and output buffers, viewed by the Viewer.
+Runner = Callable[[tuple[Any, ...], tuple[Any, ...], Viewer], None]
 
 # Call sites staged so far, indexed by the custom call's ``key`` attribute. Only appended to
 # (under the lock), so a compiled program's key stays valid for the life of the process.
@@ -55,8 +70,21 @@ _sites_lock = threading.Lock()
 
 
 def _dispatch(key: int, ins: tuple[memoryview, ...], outs: tuple[memoryview, ...]) -> None:
-    """Run call site ``key`` on XLA's buffers (called by the C handler, GIL held)."""
-    _sites[key](ins, outs)
+    """Run call site ``key`` on XLA's host buffers (called by the C handler, GIL held)."""
+    _sites[key](ins, outs, _view)
+
+
+def _dispatch_device(key: int, ins: tuple[tuple[int, int], ...],
+                     outs: tuple[tuple[int, int], ...], stream: int, device: int) -> None:
+    """Run call site ``key`` on XLA's CUDA buffers, ordered on XLA's ``stream`` (called by the
+    C device handler, GIL held; ``device`` is the ordinal, -1 when XLA's API cannot say)."""
+    import cupy
+
+    if device < 0:
+        device = cupy.cuda.runtime.getDevice()
+    view = _DeviceViewer(cupy, device)
+    with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream, device):
+        _sites[key](ins, outs, view)
 
 
 def add_site(run: Runner) -> int:
@@ -67,8 +95,30 @@ def add_site(run: Runner) -> int:
 
 
 def _view(buffer: memoryview, aval: Any) -> np.ndarray:
-    """View one of XLA's buffers as a writable NumPy array of ``aval``'s shape and dtype."""
+    """View one of XLA's host buffers as a writable NumPy array of ``aval``'s shape and dtype."""
     return np.frombuffer(buffer, dtype=aval.dtype).reshape(aval.shape)
+
+
+class _DeviceViewer:
+    """Views XLA's device buffers of one device as CuPy arrays, without a copy.
+
+    The memory stays XLA's: CuPy neither owns nor frees it, and the arrays live only for the
+    call (the core keeps what it enqueued alive until its event fires, within that call's
+    stream order).
+    """
+
+    def __init__(self, cupy: Any, device: int) -> None:
+        self._cupy = cupy
+        self._device = device
+
+    def __call__(self, buffer: tuple[int, int], aval: Any) -> Any:
+        cupy = self._cupy
+        pointer, nbytes = buffer
+        if nbytes == 0:
+            return cupy.empty(aval.shape, dtype=aval.dtype)
+        memory = cupy.cuda.UnownedMemory(pointer, nbytes, None, self._device)
+        return cupy.ndarray(aval.shape, dtype=aval.dtype,
+                            memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 
 def site(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...],
@@ -81,17 +131,17 @@ def site(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...],
     """
     in_avals, out_avals = tuple(ins), tuple(outs)
 
-    def run_aliased(in_buffers: tuple[memoryview, ...], out_buffers: tuple[memoryview, ...]
+    def run_aliased(in_buffers: tuple[Any, ...], out_buffers: tuple[Any, ...], view: Viewer
                     ) -> None:
-        out = _view(out_buffers[0], out_avals[0])
+        out = view(out_buffers[0], out_avals[0])
         host(out, out)
 
     if alias:
         return run_aliased
 
-    def run(in_buffers: tuple[memoryview, ...], out_buffers: tuple[memoryview, ...]) -> None:
-        arrays = [_view(b, a) for b, a in zip(in_buffers, in_avals, strict=True)]
-        arrays += [_view(b, a) for b, a in zip(out_buffers, out_avals, strict=True)]
+    def run(in_buffers: tuple[Any, ...], out_buffers: tuple[Any, ...], view: Viewer) -> None:
+        arrays = [view(b, a) for b, a in zip(in_buffers, in_avals, strict=True)]
+        arrays += [view(b, a) for b, a in zip(out_buffers, out_avals, strict=True)]
         host(*arrays)
 
     return run
@@ -141,7 +191,8 @@ def _build_primitive() -> Callable[..., list[Any]]:
 
     prim.def_impl(lambda *args, **params: dispatch.apply_primitive(prim, *args, **params))
     prim.def_effectful_abstract_eval(abstract_eval)
-    mlir.register_lowering(prim, lowering, platform="cpu")
+    for platform in PLATFORMS:
+        mlir.register_lowering(prim, lowering, platform=platform)
 
     def bind(*args: Any, key: int, results: tuple[Any, ...], alias: bool) -> list[Any]:
         return prim.bind(*args, key=key, results=results, alias=alias)  # type: ignore[no-any-return]
@@ -163,9 +214,9 @@ def _try_load() -> tuple[Callable[..., list[Any]] | None, str]:
     if choice == "callback":
         return None, "COLLS_JAX_JIT=callback"
     backend = jax.default_backend()
-    if backend != "cpu":  # the handler is registered for XLA's CPU platform only
-        return None, (f"JAX's default backend is {backend!r}; the FFI handler is for CPU only "
-                      "(a CUDA handler is not written yet)")
+    blocked = _platform_blocked(backend)
+    if blocked is not None:
+        return None, blocked
     try:
         from colls_jax import _ffi_native
     except ImportError as exc:
@@ -178,11 +229,32 @@ def _try_load() -> tuple[Callable[..., list[Any]] | None, str]:
         if "built" not in _state:  # once per process: JAX keeps primitives and targets
             _state["built"] = _build_primitive()
             jax.ffi.register_ffi_target(TARGET, _ffi_native.handler(), platform="cpu")
+            jax.ffi.register_ffi_target(TARGET, _ffi_native.device_handler(), platform="CUDA")
         bind = _state["built"]
     except Exception as exc:  # a JAX without these internals: the callbacks still work
         return None, f"this JAX ({jax.__version__}) cannot host it ({type(exc).__name__}: {exc})"
+    _ffi_native.set_device_dispatch(_dispatch_device)
     _ffi_native.set_dispatch(_dispatch)
-    return bind, f"XLA FFI custom call {TARGET!r} ({_ffi_native.__file__})"
+    where = "CUDA handler, not yet run on a GPU" if backend == "gpu" else "CPU handler"
+    return bind, f"XLA FFI custom call {TARGET!r}, {where} ({_ffi_native.__file__})"
+
+
+def _platform_blocked(backend: str) -> str | None:
+    """Return why JAX's default ``backend`` cannot take the FFI path, or None if it can."""
+    if backend == "cpu":
+        return None
+    if backend != "gpu":
+        return f"JAX's default backend is {backend!r}; the FFI handlers are for CPU and CUDA"
+    client = getattr(jax.devices()[0], "client", None)
+    version = str(getattr(client, "platform_version", "")).lower()
+    if "rocm" in version:
+        return f"JAX runs on ROCm ({version}); the FFI device handler is for CUDA"
+    try:
+        import cupy  # noqa: F401
+    except ImportError as exc:
+        return (f"JAX runs on a GPU but CuPy cannot be imported ({exc}); the CUDA handler views "
+                "XLA's buffers as CuPy arrays")
+    return None
 
 
 def load() -> Callable[..., list[Any]] | None:

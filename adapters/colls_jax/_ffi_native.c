@@ -9,6 +9,13 @@
  * them as NumPy arrays and runs the group's backend call on them. A Python exception becomes an
  * XLA FFI error carrying its message, which JAX raises to the caller.
  *
+ * `device_handler` is the same custom call on XLA's CUDA platform. There the buffers are device
+ * memory, which no memoryview may wrap: the handler asks XLA for the stream the call runs on and
+ * the device's ordinal, and calls the dispatcher set by `set_device_dispatch` as
+ * dispatch(key, inputs, outputs, stream, device), with each buffer as a (pointer, bytes) pair.
+ * It never calls CUDA itself (so it builds without CUDA): the dispatcher views the buffers as
+ * CuPy arrays and runs the collective ordered on that stream.
+ *
  * Ordering tokens (operands and results of dtype TOKEN) are skipped: they only order the calls.
  *
  * The structs below are the subset of XLA's FFI C API (xla/ffi/api/c_api.h, API 0.x, shipped in
@@ -22,7 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define INTERFACE 1
+#define INTERFACE 2
 
 /* -- the subset of xla/ffi/api/c_api.h ---------------------------------------------------- */
 
@@ -73,10 +80,51 @@ typedef XLA_FFI_Error *XLA_FFI_Error_Create(XLA_FFI_Error_Create_Args *args);
 typedef struct {
     size_t struct_size;
     XLA_FFI_Extension_Base *extension_start;
+    void *ctx;
+    void *stream; /* out: a cudaStream_t on the CUDA platform */
+} XLA_FFI_Stream_Get_Args;
+
+typedef XLA_FFI_Error *XLA_FFI_Stream_Get(XLA_FFI_Stream_Get_Args *args);
+
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
+    void *ctx;
+    int32_t device_ordinal; /* out */
+} XLA_FFI_DeviceOrdinal_Get_Args;
+
+typedef XLA_FFI_Error *XLA_FFI_DeviceOrdinal_Get(XLA_FFI_DeviceOrdinal_Get_Args *args);
+
+/* The function table, in c_api.h's order; the functions this file does not call are opaque. A
+ * table is as long as its struct_size says: functions added in later API versions are read
+ * only when it covers them. */
+typedef struct {
+    size_t struct_size;
+    XLA_FFI_Extension_Base *extension_start;
     XLA_FFI_Api_Version api_version;
     const void *internal_api;
-    XLA_FFI_Error_Create *XLA_FFI_Error_Create; /* the first function of the table */
+    XLA_FFI_Error_Create *XLA_FFI_Error_Create;
+    void *XLA_FFI_Error_GetMessage;
+    void *XLA_FFI_Error_Destroy;
+    void *XLA_FFI_Handler_Register;
+    XLA_FFI_Stream_Get *XLA_FFI_Stream_Get;
+    void *XLA_FFI_Type_Register;
+    void *XLA_FFI_ExecutionContext_Get;
+    void *XLA_FFI_State_Set;
+    void *XLA_FFI_State_Get;
+    void *XLA_FFI_DeviceMemory_Allocate;
+    void *XLA_FFI_DeviceMemory_Free;
+    void *XLA_FFI_ThreadPool_Schedule;
+    void *XLA_FFI_ThreadPool_NumThreads;
+    void *XLA_FFI_Future_Create;
+    void *XLA_FFI_Future_SetAvailable;
+    void *XLA_FFI_Future_SetError;
+    void *XLA_FFI_RunId_Get;
+    XLA_FFI_DeviceOrdinal_Get *XLA_FFI_DeviceOrdinal_Get;
 } XLA_FFI_Api;
+
+#define API_HAS(api, field) \
+    ((api)->struct_size >= offsetof(XLA_FFI_Api, field) + sizeof((api)->field))
 
 typedef struct {
     size_t struct_size;
@@ -132,7 +180,8 @@ typedef struct {
 
 /* -- the handler ------------------------------------------------------------------------- */
 
-static PyObject *dispatch = NULL; /* set by set_dispatch; a strong reference */
+static PyObject *dispatch = NULL;        /* set by set_dispatch; a strong reference */
+static PyObject *device_dispatch = NULL; /* set by set_device_dispatch; a strong reference */
 static char empty_buffer[1];      /* what a zero-byte buffer (data may be NULL) is viewed as */
 
 static size_t dtype_bytes(int dtype) {
@@ -161,8 +210,9 @@ static XLA_FFI_Error *make_error(const XLA_FFI_CallFrame *frame, const char *mes
     return frame->api->XLA_FFI_Error_Create(&args);
 }
 
-/* Return a tuple of writable memoryviews of the non-token buffers, or NULL (Python error). */
-static PyObject *views(const XLA_FFI_Items *items) {
+/* Return a tuple of the non-token buffers, or NULL (Python error): writable memoryviews of host
+ * memory, or (pointer, bytes) pairs of device memory when `device` is set. */
+static PyObject *buffers(const XLA_FFI_Items *items, int device) {
     Py_ssize_t count = 0;
     for (int64_t i = 0; i < items->size; i++) {
         if (((XLA_FFI_Buffer *)items->items[i])->dtype != XLA_FFI_DataType_TOKEN) count++;
@@ -182,8 +232,13 @@ static PyObject *views(const XLA_FFI_Items *items) {
         }
         Py_ssize_t nbytes = (Py_ssize_t)width;
         for (int64_t d = 0; d < buf->rank; d++) nbytes *= (Py_ssize_t)buf->dims[d];
-        char *data = (nbytes == 0 || buf->data == NULL) ? empty_buffer : (char *)buf->data;
-        PyObject *view = PyMemoryView_FromMemory(data, nbytes, PyBUF_WRITE);
+        PyObject *view;
+        if (device) {
+            view = Py_BuildValue("(Kn)", (unsigned long long)(uintptr_t)buf->data, nbytes);
+        } else {
+            char *data = (nbytes == 0 || buf->data == NULL) ? empty_buffer : (char *)buf->data;
+            view = PyMemoryView_FromMemory(data, nbytes, PyBUF_WRITE);
+        }
         if (view == NULL) {
             Py_DECREF(tuple);
             return NULL;
@@ -204,39 +259,48 @@ static int64_t key_of(const XLA_FFI_CallFrame *frame) {
     return -1;
 }
 
-static XLA_FFI_Error *run(const XLA_FFI_CallFrame *frame) {
-    int64_t key = key_of(frame);
-    if (key < 0) return make_error(frame, "colls_jax FFI: the call has no int64 attribute 'key'");
+/* The XLA error for the Python exception being raised, "TypeName: message" (JAX shows it in
+ * the XlaRuntimeError it raises); clears the exception. */
+static XLA_FFI_Error *error_from_python(const XLA_FFI_CallFrame *frame) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyErr_NormalizeException(&type, &value, &trace);
+    PyObject *text = value ? PyObject_Str(value) : NULL;
+    const char *name = type ? ((PyTypeObject *)type)->tp_name : "Error";
+    PyObject *message = PyUnicode_FromFormat("%s: %U", name,
+                                             text ? text : PyUnicode_FromString("?"));
+    const char *utf8 = message ? PyUnicode_AsUTF8(message) : NULL;
+    XLA_FFI_Error *error = make_error(frame, utf8 ? utf8 : "colls_jax FFI: the collective failed");
+    Py_XDECREF(message);
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(trace);
+    PyErr_Clear();
+    return error;
+}
+
+/* Call the dispatcher (`device`: the device one, with `stream` and `ordinal`) on the frame's
+ * buffers, GIL held; return its error or NULL. */
+static XLA_FFI_Error *call_dispatcher(const XLA_FFI_CallFrame *frame, int64_t key, int device,
+                                      void *stream, int32_t ordinal) {
     PyGILState_STATE gil = PyGILState_Ensure();
     XLA_FFI_Error *error = NULL;
-    PyObject *ins = views(&frame->args);
-    PyObject *outs = ins == NULL ? NULL : views(&frame->rets);
+    PyObject *ins = buffers(&frame->args, device);
+    PyObject *outs = ins == NULL ? NULL : buffers(&frame->rets, device);
     PyObject *result = NULL;
+    PyObject *fn = device ? device_dispatch : dispatch;
     if (outs != NULL) {
-        if (dispatch == NULL) {
+        if (fn == NULL) {
             PyErr_SetString(PyExc_RuntimeError, "colls_jax FFI: no dispatcher was set");
+        } else if (device) {
+            result = PyObject_CallFunction(fn, "LOOKi", (long long)key, ins, outs,
+                                           (unsigned long long)(uintptr_t)stream, (int)ordinal);
         } else {
-            result = PyObject_CallFunction(dispatch, "LOO", (long long)key, ins, outs);
+            result = PyObject_CallFunction(fn, "LOO", (long long)key, ins, outs);
         }
     }
-    if (result == NULL) {
-        /* "TypeName: message", which JAX shows in the XlaRuntimeError it raises. */
-        PyObject *type, *value, *trace;
-        PyErr_Fetch(&type, &value, &trace);
-        PyErr_NormalizeException(&type, &value, &trace);
-        PyObject *text = value ? PyObject_Str(value) : NULL;
-        const char *name = type ? ((PyTypeObject *)type)->tp_name : "Error";
-        PyObject *message = PyUnicode_FromFormat("%s: %U", name,
-                                                 text ? text : PyUnicode_FromString("?"));
-        const char *utf8 = message ? PyUnicode_AsUTF8(message) : NULL;
-        error = make_error(frame, utf8 ? utf8 : "colls_jax FFI: the collective failed");
-        Py_XDECREF(message);
-        Py_XDECREF(text);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(trace);
-        PyErr_Clear();
-    }
+    if (result == NULL) error = error_from_python(frame);
     Py_XDECREF(result);
     Py_XDECREF(ins);
     Py_XDECREF(outs);
@@ -244,17 +308,57 @@ static XLA_FFI_Error *run(const XLA_FFI_CallFrame *frame) {
     return error;
 }
 
-static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
-    XLA_FFI_Extension_Base *ext = frame->extension_start;
-    if (ext != NULL && ext->type == XLA_FFI_Extension_Metadata) {
-        /* XLA asks for the handler's API version and traits when it registers the target. */
-        XLA_FFI_Metadata *metadata = ((XLA_FFI_Metadata_Extension *)ext)->metadata;
-        metadata->api_version.major_version = 0;
-        metadata->api_version.minor_version = 1;
-        metadata->traits = 0;
-        return NULL;
+static XLA_FFI_Error *run(const XLA_FFI_CallFrame *frame) {
+    int64_t key = key_of(frame);
+    if (key < 0) return make_error(frame, "colls_jax FFI: the call has no int64 attribute 'key'");
+    return call_dispatcher(frame, key, 0, NULL, 0);
+}
+
+/* The device handler's run: XLA's stream and device ordinal, then the device dispatcher. */
+static XLA_FFI_Error *run_device(const XLA_FFI_CallFrame *frame) {
+    int64_t key = key_of(frame);
+    if (key < 0) return make_error(frame, "colls_jax FFI: the call has no int64 attribute 'key'");
+    const XLA_FFI_Api *api = frame->api;
+    if (!API_HAS(api, XLA_FFI_Stream_Get) || api->XLA_FFI_Stream_Get == NULL)
+        return make_error(frame, "colls_jax FFI: XLA's FFI API has no XLA_FFI_Stream_Get");
+    XLA_FFI_Stream_Get_Args stream_args;
+    memset(&stream_args, 0, sizeof stream_args);
+    stream_args.struct_size = sizeof stream_args;
+    stream_args.ctx = frame->ctx;
+    XLA_FFI_Error *error = api->XLA_FFI_Stream_Get(&stream_args);
+    if (error != NULL) return error;
+    int32_t ordinal = -1; /* an API older than DeviceOrdinal_Get: the dispatcher asks CUDA */
+    if (API_HAS(api, XLA_FFI_DeviceOrdinal_Get) && api->XLA_FFI_DeviceOrdinal_Get != NULL) {
+        XLA_FFI_DeviceOrdinal_Get_Args device_args;
+        memset(&device_args, 0, sizeof device_args);
+        device_args.struct_size = sizeof device_args;
+        device_args.ctx = frame->ctx;
+        error = api->XLA_FFI_DeviceOrdinal_Get(&device_args);
+        if (error != NULL) return error;
+        ordinal = device_args.device_ordinal;
     }
-    return run(frame);
+    return call_dispatcher(frame, key, 1, stream_args.stream, ordinal);
+}
+
+/* XLA asks for the handler's API version and traits when it registers the target: no traits
+ * (in particular not command-buffer compatible: the call runs host code). Returns 1 if it
+ * answered such a query. */
+static int answer_metadata(XLA_FFI_CallFrame *frame) {
+    XLA_FFI_Extension_Base *ext = frame->extension_start;
+    if (ext == NULL || ext->type != XLA_FFI_Extension_Metadata) return 0;
+    XLA_FFI_Metadata *metadata = ((XLA_FFI_Metadata_Extension *)ext)->metadata;
+    metadata->api_version.major_version = 0;
+    metadata->api_version.minor_version = 1;
+    metadata->traits = 0;
+    return 1;
+}
+
+static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
+    return answer_metadata(frame) ? NULL : run(frame);
+}
+
+static XLA_FFI_Error *device_handler(XLA_FFI_CallFrame *frame) {
+    return answer_metadata(frame) ? NULL : run_device(frame);
 }
 
 /* -- the module -------------------------------------------------------------------------- */
@@ -263,20 +367,37 @@ static PyObject *py_handler(PyObject *self, PyObject *unused) {
     return PyCapsule_New((void *)handler, NULL, NULL);
 }
 
-static PyObject *py_set_dispatch(PyObject *self, PyObject *fn) {
+static PyObject *py_device_handler(PyObject *self, PyObject *unused) {
+    return PyCapsule_New((void *)device_handler, NULL, NULL);
+}
+
+static PyObject *set_callable(PyObject **slot, PyObject *fn, const char *name) {
     if (!PyCallable_Check(fn)) {
-        PyErr_SetString(PyExc_TypeError, "set_dispatch expects a callable");
+        PyErr_Format(PyExc_TypeError, "%s expects a callable", name);
         return NULL;
     }
     Py_INCREF(fn);
-    Py_XSETREF(dispatch, fn);
+    Py_XSETREF(*slot, fn);
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_dispatch(PyObject *self, PyObject *fn) {
+    return set_callable(&dispatch, fn, "set_dispatch");
+}
+
+static PyObject *py_set_device_dispatch(PyObject *self, PyObject *fn) {
+    return set_callable(&device_dispatch, fn, "set_device_dispatch");
+}
+
 static PyMethodDef methods[] = {
-    {"handler", py_handler, METH_NOARGS, "The XLA FFI handler, as a PyCapsule."},
+    {"handler", py_handler, METH_NOARGS, "The XLA FFI handler (host buffers), as a PyCapsule."},
+    {"device_handler", py_device_handler, METH_NOARGS,
+     "The XLA FFI handler of the CUDA platform (device buffers), as a PyCapsule."},
     {"set_dispatch", py_set_dispatch, METH_O,
      "Set dispatch(key, inputs, outputs), called with tuples of memoryviews."},
+    {"set_device_dispatch", py_set_device_dispatch, METH_O,
+     "Set dispatch(key, inputs, outputs, stream, device), called with tuples of "
+     "(pointer, bytes) pairs, XLA's stream as an int and the device ordinal (-1: unknown)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,6 +8,10 @@ path (:mod:`colls_jax._ffi`) it is XLA's own output buffer, so the core writes t
 XLA wants it. Inputs are read in place. Ops that reduce in place (all_reduce, broadcast, reduce)
 copy ``x`` into ``out`` first, unless they are the same memory (the FFI path aliases them).
 
+On the FFI path of XLA's CUDA platform the buffers are CuPy arrays on the device instead
+(:mod:`colls_jax._ffi`), so nothing here may assume NumPy: :func:`_array` leaves a device array
+as it is, and copies and fills are written as indexing, which both array types do.
+
 Ranks and roots here are *group* ranks, already checked by :mod:`colls_jax._ops`; the arguments
 were validated at trace time, so nothing here raises for a caller mistake.
 """
@@ -60,33 +64,46 @@ def bind(fn: Callable[..., Any], target: Target, name: str, **static: Any) -> Ca
     return run
 
 
-def _rows(array: np.ndarray) -> list[np.ndarray]:
+def _rows(array: Any) -> list[Any]:
     """Return the views ``array[i, ...]`` (arrays even when 0-d, unlike ``list(array)``)."""
     return [array[i, ...] for i in range(array.shape[0])]
 
 
-def _load(x: Any, out: np.ndarray) -> None:
+def _array(x: Any) -> Any:
+    """``x`` as an array colls takes: a device array (CuPy, on the CUDA FFI path) as it is,
+    anything else viewed by NumPy (a concrete ``jax.Array``, a NumPy array or view)."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return x
+    return np.asarray(x)
+
+
+def _address(array: Any) -> int:
+    """The address of ``array``'s first element, host or device."""
+    return int(array.ctypes.data) if isinstance(array, np.ndarray) else int(array.data.ptr)
+
+
+def _load(x: Any, out: Any) -> None:
     """Copy ``x`` into ``out`` (the buffer of an in-place collective) unless it is already there."""
     if x is out:  # aliased (the FFI path) or copied already (the eager path): in place
         return
-    src = np.asarray(x)
-    if src.size and src.ctypes.data != out.ctypes.data:
-        np.copyto(out, src)
+    src = _array(x)
+    if src.size and _address(src) != _address(out):
+        out[...] = src
 
 
-def all_reduce(x: Any, out: np.ndarray, *, op: Any, group: Any) -> None:
+def all_reduce(x: Any, out: Any, *, op: Any, group: Any) -> None:
     """Write the reduction of ``x`` over the group into ``out``."""
     _load(x, out)
     colls.all_reduce(out, op=op, group=group)
 
 
-def broadcast(x: Any, out: np.ndarray, *, root: int, group: Any) -> None:
+def broadcast(x: Any, out: Any, *, root: int, group: Any) -> None:
     """Write group rank ``root``'s ``x`` into ``out``."""
     _load(x, out)
     colls.broadcast(out, group=group, group_src=root)
 
 
-def reduce(x: Any, out: np.ndarray, *, root: int, op: Any, group: Any) -> None:
+def reduce(x: Any, out: Any, *, root: int, op: Any, group: Any) -> None:
     """Write the reduction of ``x`` on group rank ``root``, zeros elsewhere."""
     _load(x, out)
     colls.reduce(out, op=op, group=group, group_dst=root)
@@ -94,53 +111,53 @@ def reduce(x: Any, out: np.ndarray, *, root: int, op: Any, group: Any) -> None:
         out[...] = 0
 
 
-def all_gather(x: Any, out: np.ndarray, *, tiled: bool, group: Any) -> None:
+def all_gather(x: Any, out: Any, *, tiled: bool, group: Any) -> None:
     """Write every rank's ``x`` stacked on a new axis 0 (or concatenated if tiled) into ``out``."""
-    src = np.asarray(x)
+    src = _array(x)
     size = colls.get_world_size(group)
     colls.all_gather_into_tensor(out.reshape(size, *src.shape), src, group=group)
 
 
-def reduce_scatter(x: Any, out: np.ndarray, *, op: Any, tiled: bool, group: Any) -> None:
+def reduce_scatter(x: Any, out: Any, *, op: Any, tiled: bool, group: Any) -> None:
     """Reduce ``x`` over the group; write this rank's block of axis 0 (squeezed if not tiled)."""
-    src = np.asarray(x)
+    src = _array(x)
     rows = src.shape[0] // colls.get_world_size(group)
     colls.reduce_scatter_tensor(out.reshape(rows, *src.shape[1:]), src, op=op, group=group)
 
 
-def all_to_all(x: Any, out: np.ndarray, *, group: Any) -> None:
+def all_to_all(x: Any, out: Any, *, group: Any) -> None:
     """Send block j of axis 0 of ``x`` to rank j; write the blocks received, in rank order."""
-    colls.all_to_all_single(out, np.asarray(x), group=group)
+    colls.all_to_all_single(out, _array(x), group=group)
 
 
-def gather(x: Any, out: np.ndarray, *, root: int, group: Any) -> None:
+def gather(x: Any, out: Any, *, root: int, group: Any) -> None:
     """Write every rank's ``x`` stacked on axis 0 on group rank ``root``; zeros elsewhere."""
     is_root = colls.get_rank(group) == root
     if not is_root:
         out[...] = 0
-    colls.gather(np.asarray(x), _rows(out) if is_root else None, group=group, group_dst=root)
+    colls.gather(_array(x), _rows(out) if is_root else None, group=group, group_dst=root)
 
 
-def scatter(x: Any, out: np.ndarray, *, root: int, group: Any) -> None:
+def scatter(x: Any, out: Any, *, root: int, group: Any) -> None:
     """Write ``x[r]`` of group rank ``root`` on group rank r (``x`` is ignored off the root)."""
-    src = np.asarray(x)
+    src = _array(x)
     is_root = colls.get_rank(group) == root
     colls.scatter(out, _rows(src) if is_root else None, group=group, group_src=root)
 
 
-def ppermute(x: Any, out: np.ndarray, *, perm: Sequence[tuple[int, int]], group: Any) -> None:
+def ppermute(x: Any, out: Any, *, perm: Sequence[tuple[int, int]], group: Any) -> None:
     """Send ``x`` along the (source, destination) pairs of ``perm``; zeros where nothing arrives.
 
     Every send and receive of this rank is started before any is waited for, so a ring (every
     rank both sends and receives) cannot deadlock however large the message.
     """
-    src = np.asarray(x)
+    src = _array(x)
     me = colls.get_rank(group)
     works = []
     received = False
     for source, dest in perm:
         if source == me and dest == me:
-            np.copyto(out, src)
+            out[...] = src
             received = True
         elif dest == me:
             works.append(colls.irecv(out, group=group, group_src=source, tag=PPERMUTE_TAG))
@@ -156,15 +173,15 @@ def ppermute(x: Any, out: np.ndarray, *, perm: Sequence[tuple[int, int]], group:
 
 def send(x: Any, *, dest: int, tag: int, group: Any) -> None:
     """Send ``x`` to group rank ``dest`` (no output)."""
-    colls.send(np.asarray(x), group=group, group_dst=dest, tag=tag)
+    colls.send(_array(x), group=group, group_dst=dest, tag=tag)
 
 
-def recv(out: np.ndarray, *, source: int, tag: int, group: Any) -> None:
+def recv(out: Any, *, source: int, tag: int, group: Any) -> None:
     """Receive from group rank ``source`` into ``out``."""
     colls.recv(out, group=group, group_src=source, tag=tag)
 
 
-def barrier(out: np.ndarray, *, group: Any) -> None:
+def barrier(out: Any, *, group: Any) -> None:
     """Wait for every rank of the group; write a dummy int32 zero (a value jit can order)."""
     colls.barrier(group=group)
     out[...] = 0

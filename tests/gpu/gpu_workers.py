@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -176,10 +177,18 @@ def tcp_torch_and_jax_arrays(rank: int, world_size: int) -> None:
 
 
 def colls_jax_on_gpu_arrays(rank: int, world_size: int) -> None:
-    """colls_jax eagerly, under jax.jit and under jax.grad, on arrays that live on the GPU."""
+    """colls_jax eagerly, under jax.jit and under jax.grad, on arrays that live on the GPU.
+
+    Under jit it takes the path ``COLLS_JAX_JIT`` names (the test runs both): the CUDA FFI
+    handler, which views XLA's device buffers and stages them through the host for tcp, or the
+    ordered host callbacks.
+    """
     import colls_jax
     import jax
     import jax.numpy as jnp
+    from colls_jax import _ffi
+
+    assert _ffi.path() == os.environ["COLLS_JAX_JIT"], _ffi.why()
 
     gpu = [d for d in jax.devices() if d.platform == "gpu"][0]
     assert jax.devices()[0] == gpu, jax.devices()  # results land on the default device

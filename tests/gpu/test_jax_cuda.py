@@ -1,10 +1,12 @@
 """colls_jax on a real GPU: JAX arrays that live on the GPU, eagerly, under jax.jit and jax.grad.
 
-colls_jax runs its collectives on the host (eagerly, and inside jit as ordered host callbacks),
-so it uses a host backend: tcp, at 2 ranks sharing the one GPU. It checks the values against
-NumPy and that results come back on the GPU. On nccl, which moves only CUDA arrays, the host
-arrays of colls_jax are refused (checked at world size 1). Skipped, with the reason, without
-CuPy, a CUDA device or jax with a GPU; gpu_check.sh counts a skip as a failure.
+Eagerly colls_jax runs its collectives on host copies; inside jit it takes the CUDA FFI handler
+(XLA's device buffers, viewed as CuPy arrays, ordered on XLA's stream) or, with
+``COLLS_JAX_JIT=callback``, ordered host callbacks. Over tcp, at 2 ranks sharing the one GPU,
+both jit paths are checked against NumPy, with results on the GPU. On nccl (world size 1) the
+FFI path hands nccl XLA's device buffers; eagerly, the host arrays are refused. Skipped, with
+the reason, without CuPy, a CUDA device or jax with a GPU; gpu_check.sh counts a skip as a
+failure.
 """
 
 from __future__ import annotations
@@ -33,8 +35,45 @@ from colls.store import HashStore  # noqa: E402
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
-def test_eager_jit_and_grad_on_gpu_arrays_over_tcp():
-    spawn(gpu_workers.colls_jax_on_gpu_arrays, 2, timeout=gpu_limits.spawn_seconds(), env=ENV)
+@pytest.mark.parametrize("path", ["ffi", "callback"])
+def test_eager_jit_and_grad_on_gpu_arrays_over_tcp(path):
+    spawn(gpu_workers.colls_jax_on_gpu_arrays, 2, timeout=gpu_limits.spawn_seconds(),
+          env={**ENV, "COLLS_JAX_JIT": path})
+
+
+def test_ffi_path_hands_xlas_device_buffers_to_nccl(monkeypatch):
+    """Under jit, on nccl at world size 1: the device handler's CuPy views go to NCCL on XLA's
+    stream; the results (a sum and mean over one rank, a gather, a broadcast) equal the input
+    and stay on the GPU, over repeated calls of the compiled program."""
+    from colls_jax import _ffi
+
+    monkeypatch.setenv("COLLS_JAX_JIT", "ffi")
+    _ffi.reset()
+    jax.clear_caches()
+    colls.init_process_group("nccl", store=HashStore(), rank=0, world_size=1, timeout=30)
+    try:
+        assert _ffi.path() == "ffi", _ffi.why()
+        gpu = [d for d in jax.devices() if d.platform == "gpu"][0]
+        data = np.arange(1024, dtype=np.float32).reshape(32, 32)
+        x = jax.device_put(data, gpu)
+
+        @jax.jit
+        def step(v):
+            total = colls_jax.all_reduce(v * 2.0)
+            mean = colls_jax.all_reduce(v, colls_jax.ReduceOp.AVG)
+            return total + 1.0, mean, colls_jax.all_gather(v), colls_jax.broadcast(v, 0)
+
+        for _ in range(3):
+            total, mean, gathered, sent = step(x)
+            np.testing.assert_array_equal(np.asarray(total), data * 2.0 + 1.0)
+            np.testing.assert_array_equal(np.asarray(mean), data)
+            np.testing.assert_array_equal(np.asarray(gathered), data[None])
+            np.testing.assert_array_equal(np.asarray(sent), data)
+            assert total.devices() == {gpu}
+    finally:
+        colls.destroy_process_group()
+        _ffi.reset()
+        jax.clear_caches()
 
 
 def test_nccl_refuses_the_host_arrays_of_colls_jax():
