@@ -8,13 +8,16 @@ under torchrun. Three configurations per process count, run one after the other:
 * ``colls``: ``import colls_torch as dist; dist.init_process_group("gloo")`` (the drop-in face:
   torch's default group is colls' world, so DDP's all_reduces run over colls' tcp);
 * ``alone``: the same forward, backward and optimizer step without DDP, every process computing
-  at once: the floor a step with communication is compared against.
+  at once: the floor a step with communication is compared against;
+* ``nocomm``: DDP over colls with a communication hook that returns each gradient bucket as it
+  is: DDP's own work (copying gradients into its buckets and back) without any communication,
+  the floor of any backend under ``DistributedDataParallel(model)``.
 
 Each configuration reports the median step time over ``--steps`` steps after ``--warmup``, and
 the CPU time rank 0's process used per step (every thread: on a host where the processes fill
 every core, CPU time is what a step costs, and it is less disturbed by other load than the wall
 clock); the table gives the ratios (gloo / colls: how many times faster colls is; colls / alone:
-what communication adds).
+what DDP and communication add; colls / nocomm: what communication adds to DDP's own work).
 
     python benchmarks/bench_ddp.py                      # 2 and 4 processes
     python benchmarks/bench_ddp.py --nproc 2 --steps 10
@@ -36,7 +39,7 @@ from pathlib import Path
 
 #: Hidden width and depth of the MLP: 4 layers of 2896 x 2896 (+ bias) = 33.6M parameters.
 WIDTH, LAYERS, BATCH = 2896, 4, 4
-CONFIGS = ("gloo", "colls", "alone")
+CONFIGS = ("gloo", "colls", "alone", "nocomm")
 
 
 def model():  # noqa: ANN201 - torch is imported only in the workers
@@ -47,6 +50,15 @@ def model():  # noqa: ANN201 - torch is imported only in the workers
     for _ in range(LAYERS):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers[:-1])
+
+
+def _no_communication(state: object, bucket):  # noqa: ANN001, ANN202 - a DDP comm hook
+    """DDP's communication hook that communicates nothing: the bucket, as it is, at once."""
+    import torch
+
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def worker(config: str, steps: int, warmup: int, out: str) -> None:
@@ -60,6 +72,8 @@ def worker(config: str, steps: int, warmup: int, out: str) -> None:
         dist = importlib.import_module("torch.distributed" if config == "gloo" else "colls_torch")
         dist.init_process_group("gloo")
         net = torch.nn.parallel.DistributedDataParallel(net)
+    if config == "nocomm":
+        net.register_comm_hook(None, _no_communication)
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(BATCH, WIDTH, generator=gen), torch.randn(BATCH, WIDTH, generator=gen)
@@ -115,7 +129,7 @@ def main() -> None:
     print(f"DDP step, MLP of {params / 1e6:.1f}M float32 parameters, batch {BATCH}, "
           f"1 thread per process; median of {args.steps} steps after {args.warmup}")
     print(f"{'procs':>5} {'':>6} {'gloo ms':>9} {'colls ms':>9} {'alone ms':>9} "
-          f"{'gloo/colls':>11} {'colls/alone':>12}")
+          f"{'nocomm ms':>10} {'gloo/colls':>11} {'colls/alone':>12} {'colls/nocomm':>13}")
     figures = []
     for nproc in args.nproc:
         measured = {config: run(config, nproc, args.steps, args.warmup) for config in CONFIGS}
@@ -123,8 +137,9 @@ def main() -> None:
             ms = {config: 1e3 * measured[config][index] for config in CONFIGS}
             figures.append({"nproc": nproc, "kind": kind, **ms})
             print(f"{nproc:>5} {kind:>6} {ms['gloo']:>9.1f} {ms['colls']:>9.1f} "
-                  f"{ms['alone']:>9.1f} {ms['gloo'] / ms['colls']:>10.2f}x "
-                  f"{ms['colls'] / ms['alone']:>11.2f}x", flush=True)
+                  f"{ms['alone']:>9.1f} {ms['nocomm']:>10.1f} {ms['gloo'] / ms['colls']:>10.2f}x "
+                  f"{ms['colls'] / ms['alone']:>11.2f}x {ms['colls'] / ms['nocomm']:>12.2f}x",
+                  flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
 
