@@ -9,6 +9,7 @@ without a copy.
 from __future__ import annotations
 
 import re
+import threading
 
 import colls_jax as cj
 import jax
@@ -350,6 +351,41 @@ def test_ffi_path_hands_xla_buffers_to_colls_without_a_copy(jit_path: str, monke
     y = jnp.asarray(X)
     np.testing.assert_array_equal(jax.jit(cj.all_gather)(y), X[None])
     assert seen["all_gather"] == y.unsafe_buffer_pointer()
+
+
+def test_ffi_handler_keeps_each_xla_threads_python_state(jit_path: str, monkeypatch) -> None:
+    """XLA runs custom calls on its own threads; the handler keeps one Python thread state per
+    thread, so what colls keeps per thread (threading.local) survives from call to call. A new
+    state per call emptied it every time and cost more than a 1-rank collective."""
+    if jit_path != "ffi":
+        pytest.skip("the callbacks run on JAX's callback thread, not in a handler")
+    local = threading.local()
+    fresh: list[int] = []
+    threads: set[int] = set()
+    real_reduce = colls.all_reduce
+
+    def spy_reduce(out, **kwargs):
+        threads.add(threading.get_native_id())
+        if not hasattr(local, "seen"):
+            local.seen = True
+            fresh.append(threading.get_native_id())
+        return real_reduce(out, **kwargs)
+
+    monkeypatch.setattr(colls, "all_reduce", spy_reduce)
+
+    @jax.jit
+    def chain(v):
+        for _ in range(5):
+            v = cj.all_reduce(v) * 0.5
+        return v
+
+    data = np.arange(4096, dtype=np.float32)  # XLA runs programs this size on its own threads
+    x = jnp.asarray(data)
+    results = [chain(x) for _ in range(40)]  # dispatched back to back
+    np.testing.assert_array_equal(results[-1], data * colls.get_world_size() ** 5 * 0.5 ** 5)
+    jax.effects_barrier()
+    assert threads - {threading.get_native_id()}, "every call ran on the caller's thread"
+    assert sorted(fresh) == sorted(threads), f"{len(fresh)} fresh states on {len(threads)} threads"
 
 
 def test_the_chosen_path_is_reported_under_colls_debug(jit_path: str, monkeypatch, capsys
