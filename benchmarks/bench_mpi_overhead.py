@@ -164,6 +164,12 @@ def _prepare_and_finish(spec: Any, buf: np.ndarray) -> None:
     spec.finish(buf, 2)
 
 
+def _submit(d: Any, op: str, job: Callable[[int], Any]) -> None:
+    """Submit ``job`` as a synchronous ``op`` on the default group, as the general path does."""
+    call = d.Call.begin(op, None)
+    call.submit(job, async_op=False)
+
+
 def breakdown() -> None:
     """Time each layer of one 8-byte all_reduce, and the core's local steps, on rank 0."""
     from mpi4py import MPI
@@ -176,8 +182,8 @@ def breakdown() -> None:
     comm = MPI.COMM_WORLD.Dup()
     pg = d.default_group()
     buf = np.ones(2, dtype=np.float32)
-    imported = d.buffer(buf, arg="tensor", op="all_reduce", writable=True)
-    spec = d.reduce_spec(ReduceOp.SUM, imported, op_name="all_reduce")
+    imported = d.import_array(pg, buf, arg="tensor", op="all_reduce", writable=True)
+    spec = d.reduce_spec(pg, ReduceOp.SUM, imported, op_name="all_reduce")
 
     def nonblocking() -> None:
         request = comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM)
@@ -187,17 +193,18 @@ def breakdown() -> None:
     rows = [
         ("raw mpi4py Allreduce (blocking)", lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)),
         ("raw mpi4py Iallreduce + Test loop", nonblocking),
-        ("MpiBackend.all_reduce (no core)", lambda: pg.backend.all_reduce(buf, spec, -1)),
+        ("MpiBackend.all_reduce (no core)",
+         lambda: pg.backend.all_reduce(buf, spec, pg.next_tag())),
         ("colls.all_reduce (everything: the fast path)", lambda: colls.all_reduce(buf)),
         ("colls.all_reduce(group=WORLD) (the general path)",
          lambda: colls.all_reduce(buf, group=colls.group.WORLD)),
         ("core: resolve_group", lambda: d.resolve_group(None)),
-        ("core: import the array (as_buffer)",
-         lambda: d.buffer(buf, arg="tensor", op="all_reduce", writable=True)),
+        ("core: import the array (import_array)",
+         lambda: d.import_array(pg, buf, arg="tensor", op="all_reduce", writable=True)),
         ("core: check the op (reduce_spec)",
-         lambda: d.reduce_spec(ReduceOp.SUM, imported, op_name="all_reduce")),
+         lambda: d.reduce_spec(pg, ReduceOp.SUM, imported, op_name="all_reduce")),
         ("core: submit a no-op job (tag, health, executor)",
-         lambda: d.submit(pg, "all_reduce", lambda tag: None, async_op=False)),
+         lambda: _submit(d, "all_reduce", lambda tag: None)),
         ("core: ReduceSpec.prepare + finish", lambda: _prepare_and_finish(spec, buf)),
     ]
     results = [(name, _per_call(call, comm)) for name, call in rows]
@@ -226,31 +233,39 @@ def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callabl
     import colls
     from colls import dispatch as d
     from colls.reduce_ops import ReduceOp
-    from colls_plugins.mpi.backend import SPIN_TESTS
 
     pg = d.default_group()
     backend = pg.backend
+    spins = backend._spin_tests  # as the backend waits: fewer tests when ranks outnumber cores
     count = max(1, nbytes // 4)
     buf = np.ones(count, dtype=np.float32)
-    if op == "all_reduce":
-        spec = d.reduce_spec(ReduceOp.SUM, d.buffer(buf, arg="tensor", op=op, writable=True),
-                             op_name=op)
-        calls = (lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM),
-                 lambda: _wait(comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM), SPIN_TESTS),
-                 lambda: backend.all_reduce(buf, spec, 0),
-                 lambda: colls.all_reduce(buf))
-    elif op == "broadcast":
-        calls = (lambda: comm.Bcast(buf, root=0),
-                 lambda: _wait(comm.Ibcast(buf, root=0), SPIN_TESTS),
-                 lambda: backend.broadcast(buf, 0, 0),
-                 lambda: colls.broadcast(buf, src=0))
     recv = np.empty(count * comm.Get_size(), dtype=np.float32)
-    if op == "all_gather":
-        calls = (lambda: comm.Allgather(buf, recv),
-                 lambda: _wait(comm.Iallgather(buf, recv), SPIN_TESTS),
-                 lambda: backend.all_gather(recv, buf, 0),
-                 lambda: colls.all_gather_into_tensor(recv, buf))
-    blocking, nonblocking, backend_call, full = calls
+    if op == "all_reduce":
+        imported = d.import_array(pg, buf, arg="tensor", op=op, writable=True)
+        spec = d.reduce_spec(pg, ReduceOp.SUM, imported, op_name=op)
+        blocking = lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)  # noqa: E731
+        nonblocking = lambda: _wait(comm.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM), spins)  # noqa: E731
+        direct = lambda tag: backend.all_reduce(buf, spec, tag)  # noqa: E731
+        full = lambda: colls.all_reduce(buf)  # noqa: E731
+    elif op == "broadcast":
+        blocking = lambda: comm.Bcast(buf, root=0)  # noqa: E731
+        nonblocking = lambda: _wait(comm.Ibcast(buf, root=0), spins)  # noqa: E731
+        direct = lambda tag: backend.broadcast(buf, 0, tag)  # noqa: E731
+        full = lambda: colls.broadcast(buf, src=0)  # noqa: E731
+    else:
+        blocking = lambda: comm.Allgather(buf, recv)  # noqa: E731
+        nonblocking = lambda: _wait(comm.Iallgather(buf, recv), spins)  # noqa: E731
+        direct = lambda tag: backend.all_gather(recv, buf, tag)  # noqa: E731
+        full = lambda: colls.all_gather_into_tensor(recv, buf)  # noqa: E731
+
+    def backend_call() -> None:
+        """The backend method with the group's next tag (``pg.next_tag``). The mpi backend
+        checks that every rank publishes a call's tag on a board of two slots per rank, used
+        in turn by consecutive sequence numbers; a fixed tag, or a sequence of the benchmark's
+        own, let a rank overwrite a slot a slower rank had still to read, and the layers hung
+        at 4 ranks."""
+        direct(pg.next_tag())
+
     general = {"all_reduce": lambda: colls.all_reduce(buf, group=colls.group.WORLD),
                "broadcast": lambda: colls.broadcast(buf, src=0, group=colls.group.WORLD),
                "all_gather": lambda: colls.all_gather_into_tensor(recv, buf,
@@ -260,8 +275,7 @@ def _layer_calls(op: str, nbytes: int, comm: Any, MPI: Any) -> dict[str, Callabl
         "raw nonblocking + Test": nonblocking,
         "backend method": backend_call,
         "+ group executor": lambda: pg.run(backend_call, op=op, async_op=False),
-        "+ submit (tag, health)": lambda: d.submit(pg, op, lambda tag: backend_call(),
-                                                   async_op=False),
+        "+ submit (tag, health)": lambda: _submit(d, op, direct),
         "general path (group=WORLD)": general[op],
         "colls call": full,
     }
