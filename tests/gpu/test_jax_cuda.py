@@ -44,9 +44,29 @@ def test_eager_jit_and_grad_on_gpu_arrays_over_tcp(path):
 def test_ffi_path_hands_xlas_device_buffers_to_nccl(monkeypatch):
     """Under jit, on nccl at world size 1: the device handler's CuPy views go to NCCL on XLA's
     stream; the results (a sum and mean over one rank, a gather, a broadcast) equal the input
-    and stay on the GPU, over repeated calls of the compiled program."""
+    and stay on the GPU, over repeated calls of the compiled program.
+
+    At one rank an in-place collective leaves its buffer as it was, so equal values alone would
+    not show that anything ran: every core call is also recorded, with the type of its array and
+    the stream current when it was made (XLA's, an ExternalStream set by the device dispatcher).
+    """
+    import cupy
     from colls_jax import _ffi
 
+    calls: list[tuple[str, str, bool]] = []
+
+    def spy(name):
+        real = getattr(colls, name)
+
+        def recorded(array, *args, **kwargs):
+            calls.append((name, type(array).__module__.split(".")[0],
+                          isinstance(cupy.cuda.get_current_stream(), cupy.cuda.ExternalStream)))
+            return real(array, *args, **kwargs)
+
+        monkeypatch.setattr(colls, name, recorded)
+
+    for name in ("all_reduce", "all_gather_into_tensor", "broadcast"):
+        spy(name)
     monkeypatch.setenv("COLLS_JAX_JIT", "ffi")
     _ffi.reset()
     jax.clear_caches()
@@ -70,6 +90,10 @@ def test_ffi_path_hands_xlas_device_buffers_to_nccl(monkeypatch):
             np.testing.assert_array_equal(np.asarray(gathered), data[None])
             np.testing.assert_array_equal(np.asarray(sent), data)
             assert total.devices() == {gpu}
+        jax.effects_barrier()
+        per_step = [("all_reduce", "cupy", True), ("all_reduce", "cupy", True),
+                    ("all_gather_into_tensor", "cupy", True), ("broadcast", "cupy", True)]
+        assert calls == per_step * 3, calls
     finally:
         colls.destroy_process_group()
         _ffi.reset()
