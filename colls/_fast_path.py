@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from colls import dtypes, fingerprint, flight_recorder
+from colls.buffers import staged
 from colls.dispatch import MAX_USER_TAG
 from colls.fingerprint import SEQUENCE_MASK, SIGNATURE_BITS
 from colls.flight_recorder import SITE_MASK, note_site
@@ -322,11 +323,13 @@ def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:
     """Return the default group's ready array for a point-to-point call, or None.
 
     The common case of ``isend``/``irecv`` (the caller has checked ``group`` and
-    ``group_dst``/``group_src`` are None): a C-contiguous NumPy array of a supported dtype
-    (writable for a receive), an int peer that is another member of the default group (None,
-    "any source", for a receive), an int tag in [0, 2**63), a usable group. In the default
-    group a world rank is the group rank. Returns ``(group, flat array)``; None sends the call
-    down the general path, which raises its own errors.
+    ``group_dst``/``group_src`` are None): a NumPy array of a supported dtype (writable for a
+    receive), an int peer that is another member of the default group (None, "any source", for
+    a receive), an int tag in [0, 2**63), a usable group. In the default group a world rank is
+    the group rank. Returns ``(group, flat array, staged)``: ``staged`` is None, or for a
+    receive into a strided view (a halo column) the :class:`~colls.buffers.Buffer` whose
+    ``write_back`` copies the flat array into it once the message is in. A strided send sends a
+    contiguous copy. None sends the call down the general path, which raises its own errors.
     """
     if type(tensor) is not np.ndarray or type(tag) is not int or not 0 <= tag <= MAX_USER_TAG:
         return None
@@ -342,8 +345,14 @@ def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:
     if not plans.p2p or pg.health.error is not None:
         return None
     flags = tensor.flags
-    if not flags.c_contiguous or (writable and not flags.writeable):
+    if writable and not flags.writeable:
         return None
-    if dtypes.known_numpy(tensor.dtype) is None:
+    dtype = dtypes.known_numpy(tensor.dtype)
+    if dtype is None:
         return None
-    return pg, tensor if tensor.ndim == 1 else tensor.reshape(-1)
+    if flags.c_contiguous:
+        return pg, tensor if tensor.ndim == 1 else tensor.reshape(-1), None
+    # Staged as the general path stages it, without its checks: one packing copy, as a user
+    # packing by hand makes (the general path's checks cost more than the copy of a column).
+    buf = staged(tensor, tensor, dtype, "cpu", writable, write_only=writable)
+    return pg, buf.array, buf if buf.staged else None

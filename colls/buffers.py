@@ -49,6 +49,7 @@ __all__ = [
     "empty_array",
     "empty_like_buffer",
     "new_array_like",
+    "staged",
 ]
 
 _CPU_DEVICES: Final = frozenset({dlc.KDL_CPU, dlc.KDL_CUDA_HOST})
@@ -152,16 +153,28 @@ def _wrap(
         raise _read_only_error(obj, arg, op, rank)
     if view.dtype is not dtype.numpy and view.dtype != dtype.numpy:
         view = view.view(dtype.numpy)  # ml_dtypes bfloat16 -> uint16 words (same itemsize)
-    shape = tuple(view.shape)
     if flags.c_contiguous:
-        return Buffer(obj, view if view.ndim == 1 else view.reshape(-1), dtype, shape, device)
+        return Buffer(obj, view if view.ndim == 1 else view.reshape(-1), dtype,
+                      tuple(view.shape), device)
+    return staged(obj, view, dtype, device, writable, write_only=op in WRITE_ONLY_OPS)
+
+
+def staged(obj: Any, view: Any, dtype: DType, device: str, writable: bool, *,
+           write_only: bool) -> Buffer:
+    """Build the Buffer of a non-C-contiguous ``view``: a contiguous copy of it, or, when the
+    call only writes it (``write_only``, a receive), an uninitialised buffer of its size.
+
+    Only a ``writable`` argument is written back (:meth:`Buffer.write_back`); a read-only one
+    is just copied. The general path (:func:`_wrap`) and the fast path's point-to-point calls
+    (:func:`colls._fast_path.peer`) both stage here.
+    """
     module = _module_of(view)
-    if writable and op in WRITE_ONLY_OPS:  # its contents are never read: no copy in
+    if writable and write_only:  # its contents are never read: no copy in
         staging = module.empty(view.shape, view.dtype).reshape(-1)
     else:
         staging = module.ascontiguousarray(view).reshape(-1)
-    # Only an argument the collective writes needs writing back; a read-only one is just copied.
-    return Buffer(obj, staging, dtype, shape, device, writable, view if writable else None)
+    return Buffer(obj, staging, dtype, tuple(view.shape), device, writable,
+                  view if writable else None)
 
 
 def _from_ndarray(

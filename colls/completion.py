@@ -18,6 +18,11 @@ A Completion makes its Condition on first use (a thread that blocks, a done-call
 * ``done()``, ``cancelled()`` and the finished case of ``result()``/``exception()`` read the
   state without a lock: it only ever moves to a final value, once.
 
+A Completion may also carry one step to run on its result before it finishes (:meth:`then`):
+a receive into a strided array copies the staged bytes into it there, in the thread that
+completes the message, so the Work the caller holds is the backend's own, with no second future,
+done-callback or Condition (about 20 us of a strided receive on the 2-core test machine).
+
 Everything else is :class:`concurrent.futures.Future`'s own code, so ``wait``/``as_completed``,
 callbacks and cancellation behave as they document.
 """
@@ -37,6 +42,8 @@ from typing import Any
 #: Guards the making of every Completion's Condition, and completions made without one.
 _MAKING = threading.Lock()
 _FINAL = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
+#: A Completion's ``_then`` once its step has been taken to run (or dropped by a failure).
+_TAKEN: Any = object()
 
 
 class Completion(concurrent.futures.Future):  # type: ignore[type-arg]
@@ -49,6 +56,7 @@ class Completion(concurrent.futures.Future):  # type: ignore[type-arg]
         self._waiters: list[Any] = []
         self._done_callbacks: list[Any] = []
         self._lazy_condition: threading.Condition | None = None
+        self._then: Any = None
 
     @classmethod
     def finished(cls, result: Any) -> Completion:
@@ -91,23 +99,55 @@ class Completion(concurrent.futures.Future):  # type: ignore[type-arg]
             return self._exception
         return super().exception(timeout)
 
-    def set_result(self, result: Any) -> None:
-        """Complete with ``result``; wakes waiters only where a Condition exists."""
-        if not self._finish_unwatched(result, None):
-            super().set_result(result)  # notifies waiters, or raises InvalidStateError
+    def then(self, step: Any) -> bool:
+        """Make ``step(result)`` the result, computed before the future finishes; return False,
+        doing nothing, when it is no longer pending or has a step already.
 
-    def set_exception(self, exception: BaseException | None) -> None:
-        """Fail with ``exception``; wakes waiters only where a Condition exists."""
-        if not self._finish_unwatched(None, exception):
-            super().set_exception(exception)  # notifies waiters, or raises InvalidStateError
-
-    def _finish_unwatched(self, result: Any, exception: BaseException | None) -> bool:
-        """Finish a pending future that has no Condition yet (nobody can be waiting on one).
-
-        Returns False, having done nothing, when a Condition exists or the future is not
-        pending: then Future's own method runs.
+        ``step`` runs in the thread that completes the future; an exception it raises fails
+        the future instead. A failed future does not run it.
         """
         with _MAKING:
+            if self._state != PENDING or self._then is not None:
+                return False
+            self._then = step
+            return True
+
+    def set_result(self, result: Any) -> None:
+        """Complete with ``result`` (after the :meth:`then` step, if any); wakes waiters only
+        where a Condition exists."""
+        outcome = self._finish_unwatched(result, None)
+        if outcome is True:
+            return
+        if outcome is not False:  # the then() step, now taken: it runs outside the lock
+            try:
+                result = outcome(result)
+            except BaseException as exc:  # delivered through the future, never lost
+                self.set_exception(exc)
+                return
+            if self._finish_unwatched(result, None):
+                return
+        super().set_result(result)  # notifies waiters, or raises InvalidStateError
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Fail with ``exception`` (a :meth:`then` step does not run); wakes waiters only where
+        a Condition exists."""
+        if self._finish_unwatched(None, exception) is not True:
+            super().set_exception(exception)  # notifies waiters, or raises InvalidStateError
+
+    def _finish_unwatched(self, result: Any, exception: BaseException | None) -> Any:
+        """Finish a pending future that has no Condition yet (nobody can be waiting on one).
+
+        Returns True when it did. Returns the :meth:`then` step instead, having taken it and
+        finished nothing, when a result must go through it first. Returns False, having done
+        nothing, when a Condition exists or the future is not pending: then Future's own method
+        runs.
+        """
+        with _MAKING:
+            step = self._then
+            if step is not None and step is not _TAKEN:
+                self._then = _TAKEN  # taken once: a second then() is refused, not lost
+                if exception is None and self._state == PENDING:
+                    return step
             if self._lazy_condition is not None or self._state != PENDING:
                 return False
             self._result, self._exception = result, exception

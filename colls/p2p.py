@@ -21,7 +21,7 @@ from colls.buffers import Buffer
 from colls.dispatch import Call
 from colls.errors import NetworkError
 from colls.process_group import ProcessGroup
-from colls.work import Work, chain
+from colls.work import Work, chain, then
 
 
 class _ProcNull(int):
@@ -73,7 +73,7 @@ def _isend(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | 
     if group is None and group_dst is None:
         ready = fast.peer(tensor, dst, tag, writable=False)
         if ready is not None:  # the common case (colls._fast_path)
-            pg, array = ready
+            pg, array, _ = ready  # a strided send's array is a contiguous copy
             if pg.health.fr is None:
                 return pg.backend.isend(array, dst, tag)
             entry = fr.p2p_begin(pg, op, array, dst)
@@ -128,11 +128,12 @@ def _irecv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | 
     if group is None and group_src is None:
         ready = fast.peer(tensor, src, tag, writable=True)
         if ready is not None:  # the common case (colls._fast_path)
-            pg, array = ready
-            if pg.health.fr is None:
-                return pg.backend.irecv(array, src, tag)
-            entry = fr.p2p_begin(pg, op, array, src)
-            return fr.p2p_work(entry, pg.backend.irecv(array, src, tag))
+            pg, array, staged = ready
+            entry = None if pg.health.fr is None else fr.p2p_begin(pg, op, array, src)
+            work = pg.backend.irecv(array, src, tag)
+            if staged is not None:
+                work = _written_back(work, staged)
+            return work if entry is None else fr.p2p_work(entry, work)
     if _null(src, group_src):
         return _null_work(group, op, PROC_NULL)
     post = _checked_recv(tensor, src, group, tag, group_src, op)
@@ -167,10 +168,15 @@ def _written_back(work: Work, buf: Buffer) -> Work:
     if not buf.staged:
         return work
 
-    def write_back(sender: int) -> int:
-        if buf.device != "cuda":
+    if buf.device != "cuda":  # a copy on the host, as the message completes (work.then)
+
+        def copy_in(sender: int) -> int:
             buf.write_back()
             return sender
+
+        return then(work, copy_in)
+
+    def write_back(sender: int) -> int:
         import cupy
 
         # On a backend's thread, outside the caller's stream order: the copy runs on the
@@ -219,6 +225,8 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
                 sender = ready[0].backend.recv(ready[1], src, tag)
             except NetworkError as exc:
                 _raise_explained(ready[0], "recv", exc)
+            if ready[2] is not None:
+                ready[2].write_back()  # a strided view, received through a contiguous copy
             fr.p2p_done(entry)
             return sender
     work = _irecv(tensor, src, group, tag, group_src, "recv")
@@ -343,7 +351,7 @@ def _checked_entry(kind: str, tensor: Any, peer: int | None, group: Any, tag: in
     if group is None and group_peer is None:
         ready = fast.peer(tensor, peer, tag, writable=kind == "irecv")
         if ready is not None:
-            return ready[0], (kind, ready[1], peer, tag), None
+            return ready[0], (kind, ready[1], peer, tag), ready[2]
     if kind == "isend":
         send = _checked_send(tensor, peer, group, tag, group_peer, op)
         if send is None:

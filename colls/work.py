@@ -229,6 +229,8 @@ def chain(work: Work, after: Callable[[Any], Any]) -> Work:
     """Return a Work that completes with ``after(result)`` once ``work`` has succeeded.
 
     A failure of ``work`` (or of ``after``) fails the returned Work; nothing is swallowed.
+    ``work`` itself completes before ``after`` runs, so ``after`` may wait for anything that
+    waits for ``work`` (see :func:`then` for a short step that need not).
     """
     inner = work.get_future()
     if inner.done() and work._fence is None:  # already over (a message that was there): no
@@ -261,3 +263,18 @@ def chain(work: Work, after: Callable[[Any], Any]) -> Work:
 
     work.add_done_callback(_done)
     return chained
+
+
+def then(work: Work, after: Callable[[Any], Any]) -> Work:
+    """Return a Work that completes with ``after(result)`` once ``work`` has succeeded, for a
+    short host step that waits for nothing (a staged receive's copy into the caller's array).
+
+    Where ``work``'s future is a pending :class:`~colls.completion.Completion` with no device
+    work tied to it, that is ``work`` itself: its future runs ``after`` in the thread that
+    completes it, before anyone sees it done (:meth:`~colls.completion.Completion.then`), with
+    no second future, done-callback or Condition. Otherwise it is :func:`chain`'s Work.
+    """
+    inner = work.get_future()
+    if work._fence is None and isinstance(inner, Completion) and inner.then(after):
+        return work
+    return chain(work, after)

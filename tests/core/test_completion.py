@@ -111,3 +111,92 @@ def test_work_defaults_to_a_completion_and_get_future_is_a_future() -> None:
     assert isinstance(work.get_future(), concurrent.futures.Future)
     work.set_result(3)
     assert work.wait() and work.result() == 3 and work.is_success()
+
+
+def test_a_then_step_makes_the_result_before_the_future_is_done() -> None:
+    future = Completion()
+    seen_done: list[bool] = []
+
+    def step(value: int) -> int:
+        seen_done.append(future.done())
+        return value * 10
+
+    assert future.then(step)
+    future.set_result(4)
+    assert future.result(timeout=0) == 40
+    assert seen_done == [False]  # nobody could see the result before the step had made it
+    assert future._lazy_condition is None
+
+
+def test_a_then_step_that_raises_fails_the_future_and_a_failure_skips_the_step() -> None:
+    raising = Completion()
+    assert raising.then(lambda value: 1 / 0)
+    raising.set_result(1)
+    assert isinstance(raising.exception(timeout=0), ZeroDivisionError)
+
+    failed, ran = Completion(), []
+    assert failed.then(ran.append)
+    error = ValueError("the receive failed")
+    failed.set_exception(error)
+    assert failed.exception(timeout=0) is error and ran == []
+
+
+def test_then_is_refused_once_finished_or_once_a_step_is_set() -> None:
+    finished = Completion.finished(3)
+    assert not finished.then(lambda value: value + 1)
+    assert finished.result() == 3
+    pending = Completion()
+    assert pending.then(lambda value: value + 1)
+    assert not pending.then(lambda value: value * 100)  # one step: the second is not run
+    pending.set_result(1)
+    assert pending.result() == 2
+
+
+def test_a_then_step_runs_before_a_blocked_waiter_and_callbacks_see_the_result() -> None:
+    future = Completion()
+    got: list[int] = []
+    called: list[int] = []
+    future.add_done_callback(lambda f: called.append(f.result()))
+    waiter = threading.Thread(target=lambda: got.append(future.result(timeout=10)))
+    waiter.start()
+    while future._lazy_condition is None:  # the waiter blocks on the Condition
+        threading.Event().wait(0.001)
+    assert future.then(lambda value: value + 100)
+    future.set_result(5)
+    waiter.join(10)
+    assert got == [105] and called == [105]
+
+
+def test_a_then_step_set_while_another_thread_completes_is_run_or_refused_never_lost() -> None:
+    for attempt in range(2000):
+        future = Completion()
+        completer = threading.Thread(target=future.set_result, args=(attempt,))
+        completer.start()
+        taken = future.then(lambda value: -value - 1)
+        completer.join(10)
+        assert future.result(timeout=10) == (-attempt - 1 if taken else attempt)
+
+
+def test_then_steps_a_pending_works_own_future_and_chains_anything_else() -> None:
+    from colls.work import chain, then
+
+    pending = Work()
+    stepped = then(pending, lambda value: value + 1)
+    assert stepped is pending  # no second Work, future or callback
+    completer = threading.Thread(target=pending.set_result, args=(1,))
+    completer.start()
+    assert stepped.result() == 2
+    completer.join(10)
+
+    plain = Work(concurrent.futures.Future())  # not a Completion: a done-callback chains it
+    stepped = then(plain, lambda value: value + 1)
+    assert stepped is not plain
+    plain.set_result(1)
+    assert stepped.result() == 2
+
+    inner = Work()  # chain's step runs once the inner Work is done, and may rely on it
+    seen: list[bool] = []
+    chained = chain(inner, lambda value: seen.append(inner.is_completed()) or value)
+    assert chained is not inner
+    inner.set_result(3)
+    assert chained.result() == 3 and seen == [True]

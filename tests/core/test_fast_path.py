@@ -202,6 +202,32 @@ def test_send_and_recv_same_on_both_paths(world) -> None:
     np.testing.assert_array_equal(into_fast, into_general)
 
 
+def test_strided_point_to_point_takes_the_fast_path_with_the_general_paths_bytes(world) -> None:
+    backend, general = world
+    grid = np.arange(24, dtype=np.float64).reshape(4, 6)
+    column = grid[:, 1]  # a halo column: every 6th element
+    colls.send(column, dst=1, tag=3)
+    colls.isend(column, dst=1, tag=3).wait()
+    fast = [np.zeros((4, 6)) for _ in range(4)]
+    assert colls.recv(fast[0][:, 2], src=1, tag=4) == 1
+    assert colls.irecv(fast[1][:, 2], src=1, tag=4).source_rank() == 1
+    ops = [colls.P2POp(colls.irecv, fast[2][:, 2], 1, tag=4),
+           colls.P2POp(colls.isend, column, 1, tag=3)]
+    for work in colls.batch_isend_irecv(ops):
+        work.wait()
+    assert general == []  # every one took the fast path
+    colls.send(column, dst=1, tag=3, group=colls.group.WORLD)
+    colls.recv(fast[3][:, 2], src=1, tag=4, group=colls.group.WORLD)
+    assert general  # the general path, for comparison
+    sends = [c for c in backend.calls if c[0] == "isend"]
+    assert sends == [("isend", np.ascontiguousarray(column).tobytes(), 1, 3)] * 4
+    expected = np.zeros((4, 6))
+    expected[:, 2] = np.full(4, RECEIVED_BYTE, np.uint8).repeat(8).view(np.float64)
+    for received in fast:  # the column written, the rest of the grid untouched
+        np.testing.assert_array_equal(received.view(np.uint8), expected.view(np.uint8))
+    assert np.array_equal(grid, np.arange(24, dtype=np.float64).reshape(4, 6))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [

@@ -182,6 +182,34 @@ def p2p_progress(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+def strided_receives(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 receives columns of a grid that rank 0 sends from columns of its own, late (the
+    receive is pending when posted): waited on, polled with is_completed() (the progress
+    thread completes it), and blocking. Returns rank 1's grids and rank 0's untouched one."""
+    grid = np.arange(30, dtype=np.float64).reshape(5, 6) + 100 * rank
+    out: dict[str, Any] = {}
+    if rank == 0:
+        for column in (1, 2, 3):
+            time.sleep(0.2)  # the receive is posted and pending first
+            colls.send(grid[:, column], dst=1, tag=40 + column)
+        out["sender_grid"] = grid.tolist()
+    else:
+        waited, polled, blocking = (np.full((5, 6), -1.0) for _ in range(3))
+        colls.irecv(waited[:, 0], src=0, tag=41).wait(timeout=WAIT_S)
+        work = colls.irecv(polled[::-1, 5], src=0, tag=42)
+        deadline = time.monotonic() + WAIT_S
+        while not work.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)  # nobody waits: the progress thread completes it
+        out["polled_done"] = work.is_completed()
+        out["polled"] = polled.tolist()  # read once it says completed, before wait()
+        work.wait(timeout=WAIT_S)
+        colls.recv(blocking[:, 2], src=0, tag=43)
+    colls.barrier()
+    if rank == 1:
+        out.update(waited=waited.tolist(), blocking=blocking.tolist())
+    return out
+
+
 def size_mismatch(rank: int, world_size: int) -> list[str]:
     """A receive buffer of another size fails the Work with a BackendError naming sizes."""
     messages: list[str] = []

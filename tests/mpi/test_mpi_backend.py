@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mpi_workers as w
+import numpy as np
 import pytest
 
 from colls.testing.mpirun import run_mpi
@@ -72,6 +73,19 @@ def test_point_to_point_completes_without_the_caller_polling() -> None:
     assert results[1]["timeout_message"] == f"{named} did not complete within 0.3 s"
     assert results[1]["pending_repr"] == f"<colls.Work {named}: pending>"
     assert results[1]["late"] == [5, 6]  # and the Work still completes afterwards
+
+
+def test_strided_receives_land_in_the_view_before_the_work_says_completed() -> None:
+    results = run_mpi(w.strided_receives, 2, timeout=60)
+    sent = np.arange(30, dtype=np.float64).reshape(5, 6)
+    assert results[0]["sender_grid"] == sent.tolist()  # a strided send leaves its array alone
+    expected = {name: np.full((5, 6), -1.0) for name in ("waited", "polled", "blocking")}
+    expected["waited"][:, 0] = sent[:, 1]
+    expected["polled"][::-1, 5] = sent[:, 2]
+    expected["blocking"][:, 2] = sent[:, 3]
+    assert results[1]["polled_done"]
+    for name, grid in expected.items():
+        assert results[1][name] == grid.tolist(), name
 
 
 def test_a_message_of_another_size_fails_the_receive_naming_both_sizes() -> None:
