@@ -2,8 +2,9 @@
 
 The common call of a latency-bound program (a solver's dot products and halo exchange, a training
 loop's loss): a synchronous all_reduce or broadcast of a C-contiguous NumPy array (writable where
-the call writes it) on the default group, with a built-in op; a synchronous barrier there;
-send/recv of such arrays with an int peer and tag. Everything about such a call except the
+the call writes it) on the default group, with a built-in op (an all_reduce, all_gather or
+barrier also on a subgroup passed as ``group``); a synchronous barrier there; send/recv of NumPy
+arrays (a strided one staged) with an int peer and tag. Everything about such a call except the
 array's flags and the sequence number is the same from one call to the next, so the general
 path's work (group resolution, rank translation, device check, dtype lookup, op check,
 signature) is done once per group, dtype, shape and op or root, by the general path's own
@@ -224,15 +225,27 @@ def _run(plans: _GroupPlans, op: str, plan: _Plan, first: Any, second: Any) -> b
 _time_ns = time.time_ns
 
 
-def all_reduce(tensor: Any, op: Any) -> bool:
-    """Run ``all_reduce(tensor, op)`` on the default group now if it is the common case.
+def _group(group: Any) -> ProcessGroup | None:
+    """Return the group a call without ranks runs on here: the default group for None, or a
+    live :class:`ProcessGroup` passed as ``group`` (a solver's row or column group: its plans
+    are its own). None sends the call down the general path: ``group.WORLD``, a non-member's
+    sentinel, a destroyed group, anything else (the general path resolves it or raises)."""
+    if group is None:
+        return REGISTRY.default
+    if type(group) is ProcessGroup and not group.destroyed:
+        return group
+    return None
+
+
+def all_reduce(tensor: Any, op: Any, group: Any = None) -> bool:
+    """Run ``all_reduce(tensor, op, group)`` now if it is the common case.
 
     Returns False, having done nothing, when it is not: then the general path runs the call.
-    The caller has checked ``group is None`` and ``async_op`` false.
+    The caller has checked ``async_op`` false.
     """
     if type(tensor) is not np.ndarray or type(op) is not RedOpType:
         return False
-    pg = REGISTRY.default
+    pg = REGISTRY.default if group is None else _group(group)
     if pg is None:
         return False
     plans = pg.plans or _group_plans(pg)
@@ -271,9 +284,9 @@ def broadcast(tensor: Any, src: Any) -> bool:
     return _run(plans, "broadcast", plan, tensor if plan.flat else tensor.reshape(-1), plan.arg)
 
 
-def barrier() -> bool:
-    """Run ``barrier()`` on the default group now if nothing is queued; False: not run."""
-    pg = REGISTRY.default
+def barrier(group: Any = None) -> bool:
+    """Run ``barrier(group)`` now if nothing is queued (see :func:`_group`); False: not run."""
+    pg = REGISTRY.default if group is None else _group(group)
     if pg is None:
         return False
     plans = pg.plans or _group_plans(pg)
@@ -285,16 +298,16 @@ def barrier() -> bool:
     return _run(plans, "barrier", plan, None, None)
 
 
-def all_gather_into_tensor(output: Any, input: Any) -> bool:
-    """Run ``all_gather_into_tensor(output, input)`` on the default group now if it is the
-    common case: NumPy arrays of one dtype, each C-contiguous, the output writable and the
-    group's size times the input's, whose memory belongs to two different arrays (so they
-    cannot overlap: an in-place gather, whose input is a slot of the output, takes the general
-    path, which copies it apart). The caller has checked ``group`` None, synchronous.
+def all_gather_into_tensor(output: Any, input: Any, group: Any = None) -> bool:
+    """Run ``all_gather_into_tensor(output, input, group)`` now if it is the common case: NumPy
+    arrays of one dtype, each C-contiguous, the output writable and the group's size times the
+    input's, whose memory belongs to two different arrays (so they cannot overlap: an in-place
+    gather, whose input is a slot of the output, takes the general path, which copies it
+    apart). The caller has checked the call synchronous.
     """
     if type(output) is not np.ndarray or type(input) is not np.ndarray or output is input:
         return False
-    pg = REGISTRY.default
+    pg = REGISTRY.default if group is None else _group(group)
     if pg is None:
         return False
     plans = pg.plans or _group_plans(pg)

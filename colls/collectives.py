@@ -45,7 +45,7 @@ def _concat(bufs: list[Buffer]) -> np.ndarray:
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
                ) -> Work | None:
     """Reduce ``tensor`` across the group, in place; every rank gets the result."""
-    if group is None and not async_op and fast.all_reduce(tensor, op):
+    if not async_op and fast.all_reduce(tensor, op, group):
         return None  # the common case, planned once (colls._fast_path)
     call = Call.begin("all_reduce", group)
     if call is None:
@@ -127,7 +127,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
                            async_op: bool = False) -> Work | None:
     """Gather ``input_tensor`` of every rank, concatenated, into ``output_tensor``."""
-    if group is None and not async_op and fast.all_gather_into_tensor(output_tensor, input_tensor):
+    if not async_op and fast.all_gather_into_tensor(output_tensor, input_tensor, group):
         return None  # the common case, planned once (colls._fast_path)
     call = Call.begin("all_gather_into_tensor", group)
     if call is None:
@@ -313,7 +313,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     the group's timeout does. The two paths exchange different messages: every rank of one
     barrier must pass a timeout, or none.
     """
-    if group is None and not async_op and timeout is None and fast.barrier():
+    if not async_op and timeout is None and fast.barrier(group):
         return None
     call = Call.begin("barrier", group)
     if call is None:

@@ -47,11 +47,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False) -> W
         all_reduce_sparse(tensor, cop, pg)
         return completed([tensor]) if async_op else None
     check_reduction(cop, tensor.dtype, "all_reduce")
-    if not async_op and pg is REGISTRY.default:
+    if not async_op:
         array = shared_numpy(tensor)
-        if array is not None:  # a loss or a metric: the core's fast path (colls._fast_path)
-            with backend_call():
-                colls.all_reduce(array, op=cop)
+        if array is not None:  # a loss or a metric: the core's fast path (colls._fast_path),
+            with backend_call():  # which takes a subgroup too
+                colls.all_reduce(array, op=cop, group=None if pg is REGISTRY.default else pg)
             return None
     st = _staging(pg)
     t = st.target(tensor)

@@ -184,6 +184,32 @@ def test_barrier_signature_equal_on_both_paths(world) -> None:
     assert fingerprint.tag_sequence(general_tag) == fingerprint.tag_sequence(fast_tag) + 1
 
 
+def test_a_subgroup_passed_as_group_takes_the_fast_path_with_the_general_tags(world) -> None:
+    _, general = world
+    row = colls.new_group([0, 1])
+    backend = row.backend
+    general.clear()
+    fast_sum, general_sum = np.arange(4.0), np.arange(4.0)
+    colls.all_reduce(fast_sum, group=row)
+    colls.barrier(group=row)
+    gathered = np.zeros(4, np.int32)
+    colls.all_gather_into_tensor(gathered, np.arange(2, dtype=np.int32), group=row)
+    assert general == []  # all three on the fast path, the subgroup's own plans
+    colls.all_reduce(general_sum, group=row, async_op=True).wait()  # the general path
+    colls.barrier(group=row, async_op=True).wait()
+    assert len(general) == 2
+    np.testing.assert_array_equal(fast_sum, general_sum)
+    np.testing.assert_array_equal(fast_sum, 2 * np.arange(4.0))
+    np.testing.assert_array_equal(gathered[:2], [0, 1])
+    tags = [call[-1] for call in backend.calls]
+    assert [fingerprint.tag_sequence(tag) for tag in tags] == [0, 1, 2, 3, 4]
+    assert _signature(tags[0]) == _signature(tags[3])  # the same all_reduce, either path
+    assert _signature(tags[1]) == _signature(tags[4])  # the same barrier
+    colls.destroy_process_group(row)
+    with pytest.raises(ValueError, match="has been destroyed"):  # the general path's error
+        colls.all_reduce(np.ones(2), group=row)
+
+
 def test_send_and_recv_same_on_both_paths(world) -> None:
     backend, general = world
     data = np.arange(6, dtype=np.int16).reshape(2, 3)

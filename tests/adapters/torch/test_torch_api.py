@@ -134,8 +134,8 @@ def _all_reduce_lanes(rank: int, size: int) -> list[tuple[str, bool, bool, list[
     ran: list[bool] = []
     fast = _fast_path.all_reduce
 
-    def recorded(tensor, op):  # the core calls its fast path through the module attribute
-        done = fast(tensor, op)
+    def recorded(tensor, op, group=None):  # the core calls its fast path through the module
+        done = fast(tensor, op, group)
         ran.append(done)
         return done
 
@@ -152,6 +152,11 @@ def _all_reduce_lanes(rank: int, size: int) -> list[tuple[str, bool, bool, list[
         ran.clear()
         C.all_reduce(tensor)
         out.append((name, ran == [True], bool(ran), tensor.detach().float().reshape(-1).tolist()))
+    row = C.new_group([0, 1])  # a subgroup's all_reduce takes the fast path too
+    tensor = torch.full((3,), float(rank + 1))
+    ran.clear()
+    C.all_reduce(tensor, group=row)
+    out.append(("subgroup", ran == [True], bool(ran), tensor.tolist()))
     C.destroy_process_group()
     return out
 
@@ -159,13 +164,13 @@ def _all_reduce_lanes(rank: int, size: int) -> list[tuple[str, bool, bool, list[
 def test_all_reduce_of_plain_cpu_tensors_takes_the_core_fast_path():
     for rank_results in run_fresh(_all_reduce_lanes, 2):
         by_name = {name: (fast, tried, values) for name, fast, tried, values in rank_results}
-        for name in ("float32", "Parameter", "0-d int64"):
+        for name in ("float32", "Parameter", "0-d int64", "subgroup"):
             fast, _, values = by_name[name]
             assert fast, f"{name}: not run by the core's fast path"
             assert values == [3.0] * len(values), (name, values)
         for name in ("bfloat16", "strided"):  # DLPack and the general path, as before
-            _, tried, values = by_name[name]
-            assert not tried and values == [3.0] * len(values), (name, values)
+            fast, _, values = by_name[name]
+            assert not fast and values == [3.0] * len(values), (name, values)
 
 
 # -- Backend, availability -----------------------------------------------------------------------
