@@ -2,9 +2,9 @@
 
 The common call of a latency-bound program (a solver's dot products and halo exchange, a training
 loop's loss): a synchronous all_reduce or broadcast of a C-contiguous NumPy array (writable where
-the call writes it) on the default group, with a built-in op (an all_reduce, all_gather or
-barrier also on a subgroup passed as ``group``); a synchronous barrier there; send/recv of NumPy
-arrays (a strided one staged) with an int peer and tag. Everything about such a call except the
+the call writes it) on the default group or a subgroup passed as ``group``, with a built-in op;
+a synchronous barrier there; send/recv of NumPy arrays (a strided one staged) with an int peer
+and tag on the default group. Everything about such a call except the
 array's flags and the sequence number is the same from one call to the next, so the general
 path's work (group resolution, rank translation, device check, dtype lookup, op check,
 signature) is done once per group, dtype, shape and op or root, by the general path's own
@@ -260,26 +260,31 @@ def all_reduce(tensor: Any, op: Any, group: Any = None) -> bool:
     return _run(plans, "all_reduce", plan, tensor if plan.flat else tensor.reshape(-1), plan.arg)
 
 
-def broadcast(tensor: Any, src: Any) -> bool:
-    """Run ``broadcast(tensor, src)`` on the default group now if it is the common case.
+def broadcast(tensor: Any, src: Any, group: Any = None) -> bool:
+    """Run ``broadcast(tensor, src, group)`` now if it is the common case.
 
     As :func:`all_reduce`; ``src`` must be an int world rank of the group (in the default
-    group, the group rank). The caller has checked ``group``/``group_src`` None, synchronous.
+    group, the group rank; in a subgroup, translated by the group). The caller has checked
+    ``group_src`` None, synchronous.
     """
     if type(tensor) is not np.ndarray or type(src) is not int:
         return False
-    pg = REGISTRY.default
-    if pg is None or not 0 <= src < pg.size:
+    if group is None:
+        pg, root = REGISTRY.default, src
+    else:
+        pg = _group(group)
+        root = -1 if pg is None else pg.group_rank(src)  # -1: not a member
+    if pg is None or not 0 <= root < pg.size:
         return False
     plans = pg.plans or _group_plans(pg)
     try:
-        plan = plans.broadcast[src][tensor.dtype][tensor.shape]
+        plan = plans.broadcast[root][tensor.dtype][tensor.shape]
     except KeyError:
-        plan = _broadcast_plan(pg, plans, tensor, src)
+        plan = _broadcast_plan(pg, plans, tensor, root)
         if plan is None:
             return False
     flags = tensor.flags
-    if not (flags.c_contiguous and (flags.writeable or pg.rank == src)):
+    if not (flags.c_contiguous and (flags.writeable or pg.rank == root)):
         return False  # staged or refused by the general path (only the root may be read-only)
     return _run(plans, "broadcast", plan, tensor if plan.flat else tensor.reshape(-1), plan.arg)
 

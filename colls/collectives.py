@@ -66,7 +66,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank of the group."""
-    if group is None and group_src is None and not async_op and fast.broadcast(tensor, src):
+    if group_src is None and not async_op and fast.broadcast(tensor, src, group):
         return None  # the common case, planned once (colls._fast_path)
     call = Call.begin("broadcast", group)
     if call is None:

@@ -194,17 +194,24 @@ def test_a_subgroup_passed_as_group_takes_the_fast_path_with_the_general_tags(wo
     colls.barrier(group=row)
     gathered = np.zeros(4, np.int32)
     colls.all_gather_into_tensor(gathered, np.arange(2, dtype=np.int32), group=row)
-    assert general == []  # all three on the fast path, the subgroup's own plans
+    fast_bcast, general_bcast = np.zeros(3, np.int16), np.zeros(3, np.int16)
+    colls.broadcast(fast_bcast, src=1, group=row)  # world rank 1: group rank 1, translated
+    assert general == []  # all four on the fast path, the subgroup's own plans
     colls.all_reduce(general_sum, group=row, async_op=True).wait()  # the general path
     colls.barrier(group=row, async_op=True).wait()
-    assert len(general) == 2
+    colls.broadcast(general_bcast, src=1, group=row, async_op=True).wait()
+    assert len(general) == 3
     np.testing.assert_array_equal(fast_sum, general_sum)
     np.testing.assert_array_equal(fast_sum, 2 * np.arange(4.0))
     np.testing.assert_array_equal(gathered[:2], [0, 1])
-    tags = [call[-1] for call in backend.calls]
-    assert [fingerprint.tag_sequence(tag) for tag in tags] == [0, 1, 2, 3, 4]
-    assert _signature(tags[0]) == _signature(tags[3])  # the same all_reduce, either path
-    assert _signature(tags[1]) == _signature(tags[4])  # the same barrier
+    np.testing.assert_array_equal(fast_bcast.view(np.uint8), RECEIVED_BYTE)
+    np.testing.assert_array_equal(fast_bcast, general_bcast)
+    calls = backend.calls
+    assert calls[3][:3] == calls[6][:3] == ("broadcast", (3,), 1)  # root: the group rank
+    tags = [call[-1] for call in calls]
+    assert [fingerprint.tag_sequence(tag) for tag in tags] == [0, 1, 2, 3, 4, 5, 6]
+    for fast_call, general_call in ((0, 4), (1, 5), (3, 6)):  # the same call, either path
+        assert _signature(tags[fast_call]) == _signature(tags[general_call])
     colls.destroy_process_group(row)
     with pytest.raises(ValueError, match="has been destroyed"):  # the general path's error
         colls.all_reduce(np.ones(2), group=row)
