@@ -9,6 +9,8 @@ barrier; a sample is the slowest rank's time per call and a row is the median ov
 
 * ``all_reduce 8B``: float32 SUM of 2 elements, in place;
 * ``all_reduce 4KiB``: the same of 1024 elements (colls' flat shared-memory path, not the tiny);
+* ``all_reduce 8B subgroup``: the 8-byte all_reduce on a group of every rank made for it, as a
+  solver's row or column group (MPI: ``comm.Split``; colls: ``new_group``, passed as ``group=``);
 * ``barrier``;
 * ``pingpong 8B``: half a round trip of an 8-byte send/recv; ranks pair up (0-1, 2-3, ...) and
   every pair ping-pongs at once (OSU's multi-pair latency);
@@ -32,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,7 +46,7 @@ import bench_vs_peers as peers  # noqa: E402  (sibling script, not a package)
 
 #: colls-only cases that bypass the core (the shared-memory layer's own cost).
 BACKEND_CASES = ("all_reduce 8B backend", "barrier backend")
-CASES = ("all_reduce 8B", "all_reduce 4KiB", "barrier", "pingpong 8B")
+CASES = ("all_reduce 8B", "all_reduce 4KiB", "all_reduce 8B subgroup", "barrier", "pingpong 8B")
 #: colls with COLLS_NATIVE=0 (``--pure``): the shared-memory layer without its compiled piece.
 PURE = "colls-pure"
 #: Targets of issue 15 (colls / MPICH), by case and world size.
@@ -61,6 +64,11 @@ class MpiP2p(peers.Mpi):
     def recv(self, x: np.ndarray, src: int) -> None:
         self.c.Recv(x, src, tag=7)
 
+    def subgroup_all_reduce(self) -> Callable[[np.ndarray], None]:
+        """A communicator of every rank made by ``Split`` (collective), and its all_reduce."""
+        sub = self.c.Split(0, self.rank)
+        return lambda x: sub.Allreduce(self.M.IN_PLACE, x, op=self.M.SUM)
+
 
 class CollsP2p(peers.Colls):
     """colls with send/recv and the backend's shared-memory layer."""
@@ -77,6 +85,11 @@ class CollsP2p(peers.Colls):
 
     def recv(self, x: np.ndarray, src: int) -> None:
         self.c.recv(x, src, tag=7)
+
+    def subgroup_all_reduce(self) -> Callable[[np.ndarray], None]:
+        """A group of every rank made by ``new_group`` (collective), and its all_reduce."""
+        sub = self.c.new_group(list(range(self.size)))
+        return lambda x: self.c.all_reduce(x, group=sub)
 
     def backend_ops(self) -> dict:
         """The shm layer's all_reduce and barrier, with tags as the core would make them."""
@@ -110,8 +123,10 @@ def case_runs(comm) -> dict:
             comm.recv(p, peer)
             comm.send(p, peer)
     y = np.zeros(1024, np.float32)
+    sub_all_reduce = comm.subgroup_all_reduce()  # every rank makes the group here
     runs = {"all_reduce 8B": lambda: comm.all_reduce(x),
-            "all_reduce 4KiB": lambda: comm.all_reduce(y), "barrier": comm.barrier}
+            "all_reduce 4KiB": lambda: comm.all_reduce(y),
+            "all_reduce 8B subgroup": lambda: sub_all_reduce(x), "barrier": comm.barrier}
     if ping is not None:
         runs["pingpong 8B"] = ping
     if hasattr(comm, "backend_ops"):

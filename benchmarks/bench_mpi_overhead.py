@@ -181,6 +181,7 @@ def breakdown() -> None:
     colls.init_process_group("mpi")
     comm = MPI.COMM_WORLD.Dup()
     pg = d.default_group()
+    row = colls.new_group(list(range(comm.Get_size())))  # a solver's subgroup: every rank here
     buf = np.ones(2, dtype=np.float32)
     imported = d.import_array(pg, buf, arg="tensor", op="all_reduce", writable=True)
     spec = d.reduce_spec(pg, ReduceOp.SUM, imported, op_name="all_reduce")
@@ -198,6 +199,8 @@ def breakdown() -> None:
         ("colls.all_reduce (everything: the fast path)", lambda: colls.all_reduce(buf)),
         ("colls.all_reduce(group=WORLD) (the general path)",
          lambda: colls.all_reduce(buf, group=colls.group.WORLD)),
+        ("colls.all_reduce(group=new_group(...)) (a subgroup: the fast path)",
+         lambda: colls.all_reduce(buf, group=row)),
         ("core: resolve_group", lambda: d.resolve_group(None)),
         ("core: import the array (import_array)",
          lambda: d.import_array(pg, buf, arg="tensor", op="all_reduce", writable=True)),

@@ -4,7 +4,7 @@ The common call of a latency-bound program (a solver's dot products and halo exc
 loop's loss): a synchronous all_reduce or broadcast of a C-contiguous NumPy array (writable where
 the call writes it) on the default group or a subgroup passed as ``group``, with a built-in op;
 a synchronous barrier there; send/recv of NumPy arrays (a strided one staged) with an int peer
-and tag on the default group. Everything about such a call except the
+and tag there. Everything about such a call except the
 array's flags and the sequence number is the same from one call to the next, so the general
 path's work (group resolution, rank translation, device check, dtype lookup, op check,
 signature) is done once per group, dtype, shape and op or root, by the general path's own
@@ -337,27 +337,33 @@ def all_gather_into_tensor(output: Any, input: Any, group: Any = None) -> bool:
     return _run(plans, "all_gather_into_tensor", plan, output, input)
 
 
-def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:
-    """Return the default group's ready array for a point-to-point call, or None.
+def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool, group: Any = None) -> Any:
+    """Return the group, ready array and group rank of the peer of a point-to-point call, or
+    None.
 
-    The common case of ``isend``/``irecv`` (the caller has checked ``group`` and
-    ``group_dst``/``group_src`` are None): a NumPy array of a supported dtype (writable for a
-    receive), an int peer that is another member of the default group (None, "any source", for
-    a receive), an int tag in [0, 2**63), a usable group. In the default group a world rank is
-    the group rank. Returns ``(group, flat array, staged)``: ``staged`` is None, or for a
-    receive into a strided view (a halo column) the :class:`~colls.buffers.Buffer` whose
-    ``write_back`` copies the flat array into it once the message is in. A strided send sends a
-    contiguous copy. None sends the call down the general path, which raises its own errors.
+    The common case of ``isend``/``irecv`` (the caller has checked ``group_dst``/``group_src``
+    are None): a NumPy array of a supported dtype (writable for a receive), an int peer that is
+    another member of the group (None, "any source", for a receive), an int tag in
+    [0, 2**63), a usable group: the default group, or a subgroup passed as ``group``
+    (:func:`_group`), whose table translates the peer's world rank. Returns ``(group, flat
+    array, staged, group rank of the peer)``: ``staged`` is None, or for a receive into a
+    strided view (a halo column) the :class:`~colls.buffers.Buffer` whose ``write_back`` copies
+    the flat array into it once the message is in. A strided send sends a contiguous copy.
+    None sends the call down the general path, which raises its own errors.
     """
     if type(tensor) is not np.ndarray or type(tag) is not int or not 0 <= tag <= MAX_USER_TAG:
         return None
-    pg = REGISTRY.default
+    if group is None:
+        pg, rank = REGISTRY.default, peer  # in the default group a world rank is the group rank
+    else:
+        pg = _group(group)
+        rank = pg.group_rank(peer) if pg is not None and type(peer) is int else peer
     if pg is None:
         return None
-    if peer is None:
+    if rank is None:
         if not writable:
             return None  # a send needs a destination: the general path says so
-    elif type(peer) is not int or not 0 <= peer < pg.size or peer == pg.rank:
+    elif type(rank) is not int or not 0 <= rank < pg.size or rank == pg.rank:
         return None
     plans = pg.plans or _group_plans(pg)
     if not plans.p2p or pg.health.error is not None:
@@ -369,8 +375,8 @@ def peer(tensor: Any, peer: Any, tag: Any, *, writable: bool) -> Any:
     if dtype is None:
         return None
     if flags.c_contiguous:
-        return pg, tensor if tensor.ndim == 1 else tensor.reshape(-1), None
+        return pg, tensor if tensor.ndim == 1 else tensor.reshape(-1), None, rank
     # Staged as the general path stages it, without its checks: one packing copy, as a user
     # packing by hand makes (the general path's checks cost more than the copy of a column).
     buf = staged(tensor, tensor, dtype, "cpu", writable, write_only=writable)
-    return pg, buf.array, buf if buf.staged else None
+    return pg, buf.array, buf if buf.staged else None, rank

@@ -70,14 +70,14 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
 def _isend(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None,
            op: str) -> Work | None:
     """:func:`isend`, whose errors name ``op``: the call the user made (send or isend)."""
-    if group is None and group_dst is None:
-        ready = fast.peer(tensor, dst, tag, writable=False)
+    if group_dst is None:
+        ready = fast.peer(tensor, dst, tag, writable=False, group=group)
         if ready is not None:  # the common case (colls._fast_path)
-            pg, array, _ = ready  # a strided send's array is a contiguous copy
+            pg, array, _, peer = ready  # a strided send's array is a contiguous copy
             if pg.health.fr is None:
-                return pg.backend.isend(array, dst, tag)
-            entry = fr.p2p_begin(pg, op, array, dst)
-            return fr.p2p_work(entry, pg.backend.isend(array, dst, tag))
+                return pg.backend.isend(array, peer, tag)
+            entry = fr.p2p_begin(pg, op, array, peer)
+            return fr.p2p_work(entry, pg.backend.isend(array, peer, tag))
     if _null(dst, group_dst):
         return _null_work(group, op, None)
     post = _checked_send(tensor, dst, group, tag, group_dst, op)
@@ -125,12 +125,12 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
 def _irecv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
            op: str) -> Work | None:
     """:func:`irecv`, whose errors name ``op``: the call the user made (recv or irecv)."""
-    if group is None and group_src is None:
-        ready = fast.peer(tensor, src, tag, writable=True)
+    if group_src is None:
+        ready = fast.peer(tensor, src, tag, writable=True, group=group)
         if ready is not None:  # the common case (colls._fast_path)
-            pg, array, staged = ready
-            entry = None if pg.health.fr is None else fr.p2p_begin(pg, op, array, src)
-            work = pg.backend.irecv(array, src, tag)
+            pg, array, staged, peer = ready
+            entry = None if pg.health.fr is None else fr.p2p_begin(pg, op, array, peer)
+            work = pg.backend.irecv(array, peer, tag)
             if staged is not None:
                 work = _written_back(work, staged)
             return work if entry is None else fr.p2p_work(entry, work)
@@ -192,15 +192,15 @@ def _written_back(work: Work, buf: Buffer) -> Work:
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` and wait until it is handed to the transport."""
-    if group is None and group_dst is None:
-        ready = fast.peer(tensor, dst, tag, writable=False)
+    if group_dst is None:
+        ready = fast.peer(tensor, dst, tag, writable=False, group=group)
         if ready is not None:  # the common case (colls._fast_path)
-            entry = (None if ready[0].health.fr is None
-                     else fr.p2p_begin(ready[0], "send", ready[1], dst))
+            pg, array, _, peer = ready
+            entry = None if pg.health.fr is None else fr.p2p_begin(pg, "send", array, peer)
             try:
-                ready[0].backend.send(ready[1], dst, tag)
+                pg.backend.send(array, peer, tag)
             except NetworkError as exc:
-                _raise_explained(ready[0], "send", exc)
+                _raise_explained(pg, "send", exc)
             fr.p2p_done(entry)
             return
     work = _isend(tensor, dst, group, tag, group_dst, "send")
@@ -216,19 +216,20 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
          group_src: int | None = None) -> int:
     """Receive into ``tensor``; return the sender's world rank (-1 for non-members)."""
-    if group is None and group_src is None:
-        ready = fast.peer(tensor, src, tag, writable=True)
-        if ready is not None:  # the common case: in the default group the group rank is global
-            entry = (None if ready[0].health.fr is None
-                     else fr.p2p_begin(ready[0], "recv", ready[1], src))
+    if group_src is None:
+        ready = fast.peer(tensor, src, tag, writable=True, group=group)
+        if ready is not None:  # the common case (colls._fast_path)
+            pg, array, staged, peer = ready
+            entry = None if pg.health.fr is None else fr.p2p_begin(pg, "recv", array, peer)
             try:
-                sender = ready[0].backend.recv(ready[1], src, tag)
+                sender = pg.backend.recv(array, peer, tag)
             except NetworkError as exc:
-                _raise_explained(ready[0], "recv", exc)
-            if ready[2] is not None:
-                ready[2].write_back()  # a strided view, received through a contiguous copy
+                _raise_explained(pg, "recv", exc)
+            if staged is not None:
+                staged.write_back()  # a strided view, received through a contiguous copy
             fr.p2p_done(entry)
-            return sender
+            # in the default group the group rank is the world rank
+            return sender if group is None else pg.global_rank(sender)
     work = _irecv(tensor, src, group, tag, group_src, "recv")
     if work is None:
         return -1  # not a member of the group
@@ -344,14 +345,15 @@ def _checked_entry(kind: str, tensor: Any, peer: int | None, group: Any, tag: in
                               ] | None:
     """Check a send (``kind`` "isend") or receive of a batch; errors name ``op``.
 
-    An op on the default group with a plain NumPy array takes the fast path's checks
+    An op on the default group or a subgroup with a NumPy array takes the fast path's checks
     (:func:`colls._fast_path.peer`); anything else the general ones, which raise the errors.
     Returns (group, backend entry, staged receive buffer), or None for a non-member.
     """
-    if group is None and group_peer is None:
-        ready = fast.peer(tensor, peer, tag, writable=kind == "irecv")
+    if group_peer is None:
+        ready = fast.peer(tensor, peer, tag, writable=kind == "irecv", group=group)
         if ready is not None:
-            return ready[0], (kind, ready[1], peer, tag), ready[2]
+            pg, array, staged, rank = ready
+            return pg, (kind, array, rank, tag), staged
     if kind == "isend":
         send = _checked_send(tensor, peer, group, tag, group_peer, op)
         if send is None:

@@ -217,6 +217,28 @@ def test_a_subgroup_passed_as_group_takes_the_fast_path_with_the_general_tags(wo
         colls.all_reduce(np.ones(2), group=row)
 
 
+def test_point_to_point_on_a_subgroup_takes_the_fast_path(world) -> None:
+    _, general = world
+    row = colls.new_group([0, 1])
+    backend = row.backend
+    general.clear()
+    data, into = np.arange(4, dtype=np.int32), np.zeros(4, np.int32)
+    colls.send(data, dst=1, group=row, tag=5)
+    colls.isend(data, dst=1, group=row, tag=5).wait()
+    assert colls.recv(into, src=1, group=row, tag=6) == 1  # the sender's world rank
+    assert colls.irecv(into, src=1, group=row, tag=6).source_rank() == 1
+    ops = [colls.P2POp(colls.irecv, into, 1, group=row, tag=6),
+           colls.P2POp(colls.isend, data, 1, group=row, tag=5)]
+    for work in colls.batch_isend_irecv(ops):
+        work.wait()
+    assert general == []  # every one on the fast path, the peer translated by the group
+    assert [c for c in backend.calls if c[0] == "isend"] == [("isend", data.tobytes(), 1, 5)] * 3
+    assert [c for c in backend.calls if c[0] == "irecv"] == [("irecv", 16, 1, 6)] * 3
+    colls.destroy_process_group(row)
+    with pytest.raises(ValueError, match="has been destroyed"):  # the general path's error
+        colls.send(data, dst=1, group=row)
+
+
 def test_send_and_recv_same_on_both_paths(world) -> None:
     backend, general = world
     data = np.arange(6, dtype=np.int16).reshape(2, 3)
