@@ -42,7 +42,9 @@ from typing import Any
 #: Guards the making of every Completion's Condition, and completions made without one.
 _MAKING = threading.Lock()
 _FINAL = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
-#: A Completion's ``_then`` once its step has been taken to run (or dropped by a failure).
+#: A Completion's ``_then`` while its step runs: another completion is refused meanwhile.
+_RUNNING: Any = object()
+#: A Completion's ``_then`` once its step has run (or was dropped by a failure).
 _TAKEN: Any = object()
 
 
@@ -118,15 +120,21 @@ class Completion(concurrent.futures.Future):  # type: ignore[type-arg]
         outcome = self._finish_unwatched(result, None)
         if outcome is True:
             return
-        if outcome is not False:  # the then() step, now taken: it runs outside the lock
-            try:
-                result = outcome(result)
-            except BaseException as exc:  # delivered through the future, never lost
-                self.set_exception(exc)
-                return
-            if self._finish_unwatched(result, None):
-                return
-        super().set_result(result)  # notifies waiters, or raises InvalidStateError
+        if outcome is False:
+            super().set_result(result)  # notifies waiters, or raises InvalidStateError
+            return
+        try:  # ``outcome`` is the then() step, marked running: it runs outside the lock
+            value, error = outcome(result), None
+        except BaseException as exc:  # delivered through the future, never lost
+            value, error = None, exc
+        try:
+            if self._finish_unwatched(value, error, stepped=True) is not True:
+                if error is None:
+                    super().set_result(value)
+                else:
+                    super().set_exception(error)
+        finally:
+            self._then = _TAKEN
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Fail with ``exception`` (a :meth:`then` step does not run); wakes waiters only where
@@ -134,20 +142,30 @@ class Completion(concurrent.futures.Future):  # type: ignore[type-arg]
         if self._finish_unwatched(None, exception) is not True:
             super().set_exception(exception)  # notifies waiters, or raises InvalidStateError
 
-    def _finish_unwatched(self, result: Any, exception: BaseException | None) -> Any:
+    def _finish_unwatched(self, result: Any, exception: BaseException | None,
+                          stepped: bool = False) -> Any:
         """Finish a pending future that has no Condition yet (nobody can be waiting on one).
 
-        Returns True when it did. Returns the :meth:`then` step instead, having taken it and
-        finished nothing, when a result must go through it first. Returns False, having done
-        nothing, when a Condition exists or the future is not pending: then Future's own method
-        runs.
+        Returns True when it did. Returns the :meth:`then` step instead, marked running and
+        nothing finished, when a result must go through it first (the caller runs it, then
+        calls again with ``stepped``). Returns False, having done nothing, when a Condition
+        exists or the future is not pending: then Future's own method runs.
+
+        Raises:
+            concurrent.futures.InvalidStateError: another thread is completing the future (its
+                step runs), as a Future raises for one completed already.
         """
         with _MAKING:
             step = self._then
-            if step is not None and step is not _TAKEN:
-                self._then = _TAKEN  # taken once: a second then() is refused, not lost
-                if exception is None and self._state == PENDING:
+            if step is _RUNNING and not stepped:
+                # (no repr here: a Future's repr takes its Condition, made under this lock)
+                raise concurrent.futures.InvalidStateError("another thread is completing it")
+            if step is not None and step is not _RUNNING and step is not _TAKEN \
+                    and self._state == PENDING:
+                if exception is None:
+                    self._then = _RUNNING
                     return step
+                self._then = _TAKEN  # a failure: the step does not run
             if self._lazy_condition is not None or self._state != PENDING:
                 return False
             self._result, self._exception = result, exception

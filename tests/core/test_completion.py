@@ -167,6 +167,28 @@ def test_a_then_step_runs_before_a_blocked_waiter_and_callbacks_see_the_result()
     assert got == [105] and called == [105]
 
 
+def test_a_completion_while_the_then_step_runs_is_refused_and_the_step_wins() -> None:
+    future = Completion()
+    running, release = threading.Event(), threading.Event()
+
+    def step(value: int) -> int:
+        running.set()
+        release.wait(10)
+        return value + 1
+
+    assert future.then(step)
+    completer = threading.Thread(target=future.set_result, args=(1,))
+    completer.start()
+    assert running.wait(10)
+    for late in (lambda: future.set_result(7), lambda: future.set_exception(ValueError())):
+        with pytest.raises(concurrent.futures.InvalidStateError):
+            late()  # the first completion is under way: as for a future already completed
+    assert not future.done()
+    release.set()
+    completer.join(10)
+    assert future.result(timeout=0) == 2
+
+
 def test_a_then_step_set_while_another_thread_completes_is_run_or_refused_never_lost() -> None:
     for attempt in range(2000):
         future = Completion()
