@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Final
 
 from colls import env
@@ -33,6 +34,10 @@ _THREAD_LEVEL_NAMES: Final = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
 _CUDA_KINDS: Final = ("cuda", "cuda:device")
 
 _lock = threading.Lock()
+#: Seconds a rank that is about to end the job waits after its last line to stderr. The
+#: launcher forwards each rank's output, and MPICH's hydra proxy stopped reading it once it
+#: handled the abort: once in a CI run the line naming the rank never arrived.
+OUTPUT_GRACE_S: Final = 0.2
 
 
 def _thread_level_name(level: int) -> str:
@@ -161,6 +166,7 @@ def abort_on_uncaught_exception(MPI: Any) -> None:
                     f"uncaught {exc_type.__name__}; {what}\n"
                 )
                 sys.stderr.flush()
+                time.sleep(OUTPUT_GRACE_S)  # the launcher passes the lines on first
                 end = _die if survive else functools.partial(world.Abort, 1)
                 if sys.stderr is sys.__stderr__:
                     end()
