@@ -226,12 +226,11 @@ _time_ns = time.time_ns
 
 
 def _group(group: Any) -> ProcessGroup | None:
-    """Return the group a call without ranks runs on here: the default group for None, or a
-    live :class:`ProcessGroup` passed as ``group`` (a solver's row or column group: its plans
-    are its own). None sends the call down the general path: ``group.WORLD``, a non-member's
-    sentinel, a destroyed group, anything else (the general path resolves it or raises)."""
-    if group is None:
-        return REGISTRY.default
+    """Return the group a call that passed ``group`` (not None: the callers read the default
+    group themselves) runs on here: a live :class:`ProcessGroup` (a solver's row or column
+    group: its plans are its own). None sends the call down the general path: ``group.WORLD``,
+    a non-member's sentinel, a destroyed group, anything else (the general path resolves it or
+    raises)."""
     if type(group) is ProcessGroup and not group.destroyed:
         return group
     return None

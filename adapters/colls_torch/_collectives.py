@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 import colls
-from colls.registry import REGISTRY
 from colls_torch import _groups
 from colls_torch._errors import backend_call, boundary, translated
 from colls_torch._ops import ReduceOp, check_reduction, to_colls
@@ -51,7 +50,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False) -> W
         array = shared_numpy(tensor)
         if array is not None:  # a loss or a metric: the core's fast path (colls._fast_path),
             with backend_call():  # which takes a subgroup too
-                colls.all_reduce(array, op=cop, group=None if pg is REGISTRY.default else pg)
+                colls.all_reduce(array, op=cop, group=pg)
             return None
     st = _staging(pg)
     t = st.target(tensor)

@@ -239,6 +239,30 @@ def test_point_to_point_on_a_subgroup_takes_the_fast_path(world) -> None:
         colls.send(data, dst=1, group=row)
 
 
+def test_a_subgroup_translates_world_ranks_on_the_fast_path(monkeypatch) -> None:
+    """World rank 1 of 3 in group [1, 2]: world rank 2 is group rank 1. Untranslated, 2 would
+    be out of the group's range and the call would fall to the general path (counted here)."""
+    plugin_manager.register_plugin(MirrorPlugin(), name=MIRROR)
+    colls.init_process_group(MIRROR, store=colls.HashStore(), rank=1, world_size=3)
+    try:
+        pair = colls.new_group([1, 2])
+        general: list[Any] = []
+        resolve = dispatch.resolve_group
+        monkeypatch.setattr(dispatch, "resolve_group",
+                            lambda group: general.append(group) or resolve(group))
+        data, into = np.arange(3, dtype=np.int64), np.zeros(3, np.int64)
+        colls.send(data, dst=2, group=pair, tag=1)
+        assert colls.recv(into, src=2, group=pair, tag=2) == 2  # the world rank again
+        colls.broadcast(into, src=2, group=pair)
+        assert general == []
+        calls = pair.backend.calls
+        assert [c[0] for c in calls] == ["isend", "irecv", "broadcast"]
+        assert calls[0][2] == calls[1][2] == calls[2][2] == 1  # peer and root: group rank 1
+    finally:
+        colls.destroy_process_group()
+        plugin_manager.unregister_plugin(MIRROR)
+
+
 def test_send_and_recv_same_on_both_paths(world) -> None:
     backend, general = world
     data = np.arange(6, dtype=np.int16).reshape(2, 3)
