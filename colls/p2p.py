@@ -50,15 +50,21 @@ def _null(peer: Any, group_peer: Any) -> bool:
     return peer is PROC_NULL or group_peer is PROC_NULL
 
 
-#: The descriptions of null-peer Works: a halo exchange's boundary ranks make two per iteration.
-_NULL_DESCRIPTIONS = {op: f"{op} with {PROC_NULL}" for op in ("isend", "irecv", "send", "recv")}
+#: The Works of calls with the null peer, one per call: each is complete and can never change
+#: (as tcp's one Work of every send written into shared memory), and a halo exchange's boundary
+#: ranks make two per iteration.
+_NULL_WORKS = {
+    op: Work.completed(PROC_NULL if op.endswith("recv") else None,
+                       description=f"{op} with {PROC_NULL}")
+    for op in ("isend", "irecv", "send", "recv")
+}
 
 
-def _null_work(group: Any, op: str, value: Any) -> Work | None:
+def _null_work(group: Any, op: str) -> Work | None:
     """Return the completed Work of a call with the null peer (None for non-members)."""
     if d.resolve_group(group) is None:
         return None
-    return Work.completed(value, description=_NULL_DESCRIPTIONS[op])
+    return _NULL_WORKS[op]
 
 
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
@@ -79,7 +85,7 @@ def _isend(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | 
             entry = fr.p2p_begin(pg, op, array, peer)
             return fr.p2p_work(entry, pg.backend.isend(array, peer, tag))
     if _null(dst, group_dst):
-        return _null_work(group, op, None)
+        return _null_work(group, op)
     post = _checked_send(tensor, dst, group, tag, group_dst, op)
     if post is None:
         return None
@@ -135,7 +141,7 @@ def _irecv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | 
                 work = _written_back(work, staged)
             return work if entry is None else fr.p2p_work(entry, work)
     if _null(src, group_src):
-        return _null_work(group, op, PROC_NULL)
+        return _null_work(group, op)
     post = _checked_recv(tensor, src, group, tag, group_src, op)
     if post is None:
         return None
@@ -291,22 +297,26 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     go to its backend together (:meth:`colls.backend.Backend.batch_isend_irecv`: nccl launches
     them as one NCCL group).
     """
-    if not isinstance(p2p_op_list, (list, tuple)) or not all(
-        isinstance(p, P2POp) for p in p2p_op_list
-    ):
+    if not isinstance(p2p_op_list, (list, tuple)):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
     # One pass: a null-peer op's Work is complete at once; the others are checked, every one
     # before any starts. Non-members' ops get no Work.
     prepared: list[Any] = []
     for p in p2p_op_list:
-        if _null(p.peer, p.group_peer):
-            irecv_op = p.op.__name__ == "irecv"
-            prepared.append(_null_work(p.group, "irecv" if irecv_op else "isend",
-                                       PROC_NULL if irecv_op else None))
+        if type(p) is not P2POp and not isinstance(p, P2POp):
+            raise ValueError(
+                "Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
+        kind = "irecv" if p.op is irecv or p.op.__name__ == "irecv" else "isend"
+        peer, group_peer = p.peer, p.group_peer
+        if peer is PROC_NULL or group_peer is PROC_NULL:
+            prepared.append(_null_work(p.group, kind))
         else:
-            prepared.append(_checked_op(p))
+            prepared.append(_checked_entry(kind, p.tensor, peer, p.group, p.tag, group_peer,
+                                           kind))
     checked = [c for c in prepared if type(c) is tuple]
-    started = iter(_start_batch(checked) if checked else ())
+    if not checked:
+        return [work for work in prepared if work is not None]
+    started = iter(_start_batch(checked))
     return [item if type(item) is not tuple else next(started)
             for item in prepared if item is not None]
 
@@ -316,7 +326,12 @@ def _start_batch(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, i
     """Start the checked ops of a batch, each group's on its backend in one call; return their
     Works in order (a staged receive's followed by its copy back)."""
     group = checked[0][0]
-    if all(c[0] is group for c in checked):  # the common case: one group, one backend call
+    staged = False
+    for pg, _, buf in checked:
+        if pg is not group:
+            group = None
+        staged = staged or buf is not None
+    if group is not None:  # the common case: one group, one backend call
         works = group.backend.batch_isend_irecv([entry for _, entry, _ in checked])
     else:
         works = [None] * len(checked)
@@ -328,15 +343,10 @@ def _start_batch(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, i
             started = backend.batch_isend_irecv([checked[i][1] for i in indexes])
             for i, work in zip(indexes, started, strict=True):
                 works[i] = work
+    if not staged:
+        return works
     return [work if buf is None else _written_back(work, buf)
             for work, (_, _, buf) in zip(works, checked, strict=True)]
-
-
-def _checked_op(p: P2POp) -> tuple[ProcessGroup, tuple[str, Any, int | None, int], Buffer | None
-                                   ] | None:
-    """Check one op of a batch; return (group, backend entry, staged receive buffer) or None."""
-    kind = "isend" if p.op.__name__ == "isend" else "irecv"
-    return _checked_entry(kind, p.tensor, p.peer, p.group, p.tag, p.group_peer, kind)
 
 
 def _checked_entry(kind: str, tensor: Any, peer: int | None, group: Any, tag: int,

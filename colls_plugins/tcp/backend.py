@@ -23,6 +23,8 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from colls import env
 from colls.algorithms import hierarchical, select
 from colls.algorithms.hosts import HostMap
@@ -190,13 +192,18 @@ class TcpBackend(Backend):
                 if not ring(peer, array.nbytes):
                     return super().batch_isend_irecv(ops)
                 receives.append(i)
+        # The core checked the ops: a NumPy array goes to the engine at once; anything else
+        # (a CUDA array, staged through the host) through isend/irecv.
+        engine = self._engine
         works: list[Any] = [None] * len(ops)
         for i, (kind, array, peer, tag) in enumerate(ops):
             if kind == "isend":
-                works[i] = self.isend(array, peer, tag)
+                works[i] = (engine.isend(array, peer, tag) if type(array) is np.ndarray
+                            else self.isend(array, peer, tag))
         for i in receives:
             _kind, array, peer, tag = ops[i]
-            works[i] = self.irecv(array, peer, tag)
+            works[i] = (engine.irecv(array, peer, tag) if type(array) is np.ndarray
+                        else self.irecv(array, peer, tag))
         return works
 
     # -- collectives: shared memory on one host, two levels across hosts ----------------------

@@ -69,7 +69,7 @@ from colls_plugins.tcp._probes import Probes
 from colls_plugins.tcp._reading import CALLER_POLL_SECONDS, Reader
 from colls_plugins.tcp.connections import Connection, Mesh
 from colls_plugins.tcp.host_peers import HostPeers
-from colls_plugins.tcp.shm.p2p import Channels
+from colls_plugins.tcp.shm.p2p import Channel, Channels
 
 logger = logging.getLogger("colls.tcp")
 
@@ -78,6 +78,20 @@ JOIN_TIMEOUT_SECONDS = 10.0
 
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 _GOODBYE = HEADER.pack(GOODBYE_TAG, 0)
+
+
+class _RecvDescription:
+    """A receive's description, formatted only when an error or a repr shows it (one per
+    message is too many to format)."""
+
+    __slots__ = ("src", "tag")
+
+    def __init__(self, src: int | None, tag: int) -> None:
+        self.src, self.tag = src, tag
+
+    def __str__(self) -> str:
+        origin = "any rank" if self.src is None else f"rank {self.src}"
+        return f"tcp recv from {origin} tag {self.tag}"
 
 
 def _nothing(*_args: Any) -> None:
@@ -142,14 +156,22 @@ class Engine:
 
     # ------------------------------------------------------------------------------ public API
     def isend(self, array: Any, dst: int, tag: int) -> Work:
-        """Start sending ``array`` to ``dst``; the Work completes once the kernel has every byte."""
+        """Start sending ``array`` to ``dst``; the Work completes once the kernel has every byte.
+
+        A C-contiguous NumPy array small enough for a host peer's ring is written there whole
+        (the compiled piece reads the array itself: no byte view), and the Work returned is the
+        one finished Work of every such send.
+        """
+        channel = self._channel_for(dst)
+        if (channel is not None and type(array) is np.ndarray and array.flags.c_contiguous
+                and self._ring_send(channel, dst, array, tag)):
+            return self._delivered
         view = byte_view(array, name="array", writable=False)
         if view.nbytes > self._max_message:
             raise ValueError(
                 f"tcp: rank {self.rank}: send to rank {dst}: array has {view.nbytes} bytes, more "
                 f"than COLLS_MAX_MESSAGE_BYTES={self._max_message} allows"
             )
-        channel = self._channel_for(dst)
         if channel is not None:
             with channel.send_lock:  # the ring and the socket count stay in send order
                 if self._may_write_ring(dst):
@@ -164,6 +186,18 @@ class Engine:
         if dst == self.rank:
             return self._send_local(work, view, tag)
         return self._send_socket(work, view, dst, tag, array)
+
+    def _ring_send(self, channel: Channel, dst: int, array: np.ndarray, tag: int) -> bool:
+        """Write C-contiguous ``array`` into host peer ``dst``'s ring if it fits and there is
+        room; return whether it did (a message above COLLS_MAX_MESSAGE_BYTES never does:
+        :meth:`isend` refuses it)."""
+        nbytes = array.nbytes
+        if nbytes > channel.inline_max or nbytes > self._max_message:
+            return False
+        if channel.lock_free:  # one compiled write (Channel says why no lock is needed)
+            return self._may_write_ring(dst) and channel.try_send(array, tag)
+        with channel.send_lock:
+            return self._may_write_ring(dst) and channel.try_send(array, tag)
 
     def _may_write_ring(self, dst: int) -> bool:
         """Whether a message to host peer ``dst`` may go into its ring (its ``send_lock`` held,
@@ -219,13 +253,16 @@ class Engine:
         A user message that is already next from a host peer (what a blocking :meth:`recv`
         takes) is taken at once, and the Work returned complete: no future or posted receive.
         """
-        view = byte_view(array, name="array", writable=True)
-        origin = "any rank" if src is None else f"rank {src}"
-        description = f"tcp recv from {origin} tag {tag}"
         hosts = self._hosts
+        description = _RecvDescription(src, tag)
+        # The compiled take reads a writable C-contiguous NumPy array as it is (no byte view).
+        as_is = type(array) is np.ndarray and array.flags.carray
+        view = None if as_is else byte_view(array, name="array", writable=True)
         channel = None if src is None or tag < 0 else self._channel_for(src)
-        if channel is not None and hosts.try_take(channel, view, tag):
+        if channel is not None and hosts.try_take(channel, array if as_is else view, tag):
             return Work.completed(src, description=description)
+        if view is None:
+            view = byte_view(array, name="array", writable=True)
         rings = hosts.rings_for(src)
         polls = hosts.may_serve(src)  # a ring may bring it, also one with no channel yet
         work = Work(hosts.future() if polls else None, description=description,
@@ -286,14 +323,8 @@ class Engine:
         byte view: the compiled piece reads the array itself); anything else is :meth:`isend`.
         """
         channel = self._channel_for(dst)
-        if channel is not None and array.nbytes <= channel.inline_max:
-            if channel.lock_free:  # one compiled write (Channel says why no lock is needed)
-                if self._may_write_ring(dst) and channel.try_send(array, tag):
-                    return
-            else:
-                with channel.send_lock:
-                    if self._may_write_ring(dst) and channel.try_send(array, tag):
-                        return
+        if channel is not None and self._ring_send(channel, dst, array, tag):
+            return
         work = self.isend(array, dst, tag)
         if work is self._delivered:
             return

@@ -473,7 +473,7 @@ def test_a_batch_of_ring_sized_receives_starts_its_sends_first_and_keeps_the_mat
     real_op = engine.RecvOp
     monkeypatch.setattr(engine, "RecvOp", lambda *args: made.append(args) or real_op(*args))
     row = entry_bytes(16)
-    real_isend = b.isend
+    real_isend = b._engine.isend  # the batch hands NumPy arrays to the engine
 
     def isend_then_wait_for_the_answer(array: Any, dst: int, tag: int) -> Any:
         work = real_isend(array, dst, tag)
@@ -483,7 +483,7 @@ def test_a_batch_of_ring_sized_receives_starts_its_sends_first_and_keeps_the_mat
                 time.sleep(0.001)
         return work
 
-    monkeypatch.setattr(b, "isend", isend_then_wait_for_the_answer)
+    monkeypatch.setattr(b._engine, "isend", isend_then_wait_for_the_answer)
 
     def exchange(rank: int) -> list[np.ndarray]:
         got = [np.zeros(2, np.int64), np.zeros(2, np.int64)]
