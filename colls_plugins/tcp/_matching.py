@@ -13,6 +13,7 @@ to each of them.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from colls.errors import BackendError
@@ -48,6 +49,8 @@ class Inbox:
         tracker: the mismatched-collective detector (:mod:`~colls_plugins.tcp._mismatch`).
         arrivals: socket messages per rank that reached the table (:meth:`count_arrival`).
         held: peers whose next message is held unread in the socket (``_holds``).
+        deferred: receives left to their waiters, not posted, per (source, tag), in the order
+            they were made (:mod:`~colls_plugins.tcp._deferred`).
         closed: the engine was closed. broken: why the group is broken, or None.
     """
 
@@ -57,6 +60,7 @@ class Inbox:
         self.tracker = Tracker()
         self.arrivals: dict[int, int] = {}
         self.held: set[Peer] = set()
+        self.deferred: dict[tuple[int, int], deque[Any]] = {}
         self.closed = False
         self.broken: BackendError | None = None
 

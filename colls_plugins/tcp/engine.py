@@ -58,6 +58,7 @@ from colls.errors import BackendError, CollsError, NetworkError
 from colls.matching import Message, RecvOp, copy_bytes
 from colls.work import Work
 from colls_plugins.tcp._accepting import Acceptor
+from colls_plugins.tcp._deferred import Deferred, DeferredReceive
 from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, HOLD_TAG, byte_view
 from colls_plugins.tcp._holds import Holds
 from colls_plugins.tcp._links import Links
@@ -92,6 +93,20 @@ class _RecvDescription:
     def __str__(self) -> str:
         origin = "any rank" if self.src is None else f"rank {self.src}"
         return f"tcp recv from {origin} tag {self.tag}"
+
+
+class _Posting:
+    """What posting receives leaves for after the inbox lock: receives to complete (with the
+    sender or an exception), unexpected messages to copy, held peers to read again, and whether
+    a ring may bring one of them."""
+
+    __slots__ = ("done", "copies", "released", "polls")
+
+    def __init__(self) -> None:
+        self.done: Completions = []
+        self.copies: list[tuple[RecvOp, Message]] = []
+        self.released: list[Peer] = []
+        self.polls = False
 
 
 def _nothing(*_args: Any) -> None:
@@ -140,6 +155,8 @@ class Engine:
         self._hosts = HostPeers(rank, inbox, timeout, poller.wake if poller else _nothing)
         self._channel_for = self._hosts.channel_for  # bound once: the latency path's first call
         self._delivered = self._hosts.delivered
+        self._deferred = Deferred(inbox, self._hosts, timeout, self._post_deferred,
+                                  self._after_posting, self._lost)
         self._holds = Holds(rank, inbox, poller.request_write if poller else _nothing,
                             self._fail_peer)
         self._probes = Probes(rank, inbox, self._peers,
@@ -251,69 +268,105 @@ class Engine:
         """Start receiving into ``array`` from ``src`` (None: any); the result is the sender.
 
         A user message that is already next from a host peer (what a blocking :meth:`recv`
-        takes) is taken at once, and the Work returned complete: no future or posted receive.
+        takes) is taken at once, and the Work returned complete. A receive into a NumPy array
+        whose message may still come through the peer's ring is left to its waiter
+        (:mod:`~colls_plugins.tcp._deferred`). Either way no receive is posted.
         """
         hosts = self._hosts
         description = _RecvDescription(src, tag)
-        # The compiled take reads a writable C-contiguous NumPy array as it is (no byte view).
-        as_is = type(array) is np.ndarray and array.flags.carray
-        view = None if as_is else byte_view(array, name="array", writable=True)
         channel = None if src is None or tag < 0 else self._channel_for(src)
-        if channel is not None and hosts.try_take(channel, array if as_is else view, tag):
-            return Work.completed(src, description=description)
-        if view is None:
+        # The compiled take reads a writable C-contiguous NumPy array as it is (no byte view).
+        if channel is not None and type(array) is np.ndarray and array.flags.carray:
+            work = self._deferred.take_or_defer(channel, array, tag, description)
+            if work is not None:
+                return work
             view = byte_view(array, name="array", writable=True)
-        rings = hosts.rings_for(src)
+        else:
+            view = byte_view(array, name="array", writable=True)
+            if channel is not None and hosts.try_take(channel, view, tag):
+                return Work.completed(src, description=description)
         polls = hosts.may_serve(src)  # a ring may bring it, also one with no channel yet
         work = Work(hosts.future() if polls else None, description=description,
                     default_timeout=self._timeout)
-        op = RecvOp(work, view, src, tag)
-        bound = False
-        released: Sequence[Peer] = ()
-        done: Completions = []
+        posting = _Posting()
+        rings = hosts.rings_for(src)
+        with self._inbox.lock:
+            self._post_locked(RecvOp(work, view, src, tag), rings, posting)
+        self._after_posting(posting)
+        return work
+
+    def _post_locked(self, op: RecvOp, rings: Sequence[Channel], posting: _Posting, *,
+                     in_order: bool = False) -> None:
+        """Post receive ``op`` (inbox lock held), or match it with an unexpected message that
+        is in; ``rings``: the host peers' rings whose entries it may take. What is left for
+        after the lock goes to ``posting``. Receives left to their waiters that ``op`` could
+        overtake are posted first, unless ``in_order`` (``op`` is one of them, posted in their
+        order)."""
         inbox = self._inbox
         table = self._table
-        with inbox.lock:
-            refusal = inbox.refusal()
-            # A queued unexpected message from a rank came before everything still in that
-            # rank's ring (shm_p2p, "Order"), so the queue is looked at first.
-            message = None if refusal else table.take_unexpected(src, tag)
-            if refusal is None and message is None and inbox.held:
-                bound, released = self._holds.release_for(op)
-                if not bound:  # a held message turned unexpected may be the one
-                    message = table.take_unexpected(src, tag)
-            if refusal is None and message is None and not bound:
-                refusal = self._recv_refusal(src)
-                conflict = None if refusal else inbox.tracker.on_post(src, tag, time.monotonic())
-                if conflict is not None:
-                    refusal = BackendError(f"{work.description}: {conflict}")
-                if refusal is None:
-                    table.post(op)
-                    # No wake-up here: waking the progress thread on every receive costs the
-                    # caller a GIL hand-off (about a scheduler tick on a busy host). The thread
-                    # never sleeps longer than PROBE_AFTER_S (Probes.timeout), so a due probe
-                    # goes out at most that late.
-                    inbox.tracker.wake_needed = False
-                    for ring in rings:  # an entry for this receive lands in place
-                        hosts.drain(ring, done, force=True)
-            if message is not None and not message.done:
-                if len(message.buffer) == view.nbytes:
-                    message.waiter = op  # completes when the rest of the body is in
-                    message = None
-                else:
-                    refusal = wrong_size(op, message.src, len(message.buffer))
-        if released:
-            assert self._poller is not None  # a held message came over a socket
-            for peer in released:
-                self._poller.sync_read_interest(peer)
-        if polls:
-            hosts.posted()
-        finish(done)
+        src, tag = op.src, op.tag
+        if inbox.deferred and not in_order and tag >= 0:
+            self._post_in_order(self._deferred.overtaken_by(src, tag), posting)
+        posting.polls = posting.polls or self._hosts.may_serve(src)
+        refusal = inbox.refusal()
+        # A queued unexpected message from a rank came before everything still in that
+        # rank's ring (shm_p2p, "Order"), so the queue is looked at first.
+        message = None if refusal else table.take_unexpected(src, tag)
+        bound = False
+        if refusal is None and message is None and inbox.held:
+            bound, released = self._holds.release_for(op)
+            posting.released.extend(released)
+            if not bound:  # a held message turned unexpected may be the one
+                message = table.take_unexpected(src, tag)
+        if refusal is None and message is None and not bound:
+            refusal = self._recv_refusal(src)
+            conflict = None if refusal else inbox.tracker.on_post(src, tag, time.monotonic())
+            if conflict is not None:
+                refusal = BackendError(f"{op.work.description}: {conflict}")
+            if refusal is None:
+                table.post(op)
+                # No wake-up here: waking the progress thread on every receive costs the
+                # caller a GIL hand-off (about a scheduler tick on a busy host). The thread
+                # never sleeps longer than PROBE_AFTER_S (Probes.timeout), so a due probe
+                # goes out at most that late.
+                inbox.tracker.wake_needed = False
+                for ring in rings:  # an entry for this receive lands in place
+                    self._hosts.drain(ring, posting.done, force=True)
+        if message is not None and not message.done:
+            if len(message.buffer) == op.view.nbytes:
+                message.waiter = op  # completes when the rest of the body is in
+                message = None
+            else:
+                refusal = wrong_size(op, message.src, len(message.buffer))
         if refusal is not None:
-            work.set_exception(refusal)
+            posting.done.append((op, refusal))
         elif message is not None:
+            posting.copies.append((op, message))
+
+    def _post_deferred(self, receives: Sequence[DeferredReceive]) -> _Posting:
+        """Post ``receives``, left to their waiters until now, in their order (inbox lock held:
+        :class:`Deferred` has just taken them out of their queue); return what is left for
+        after the lock (:meth:`_after_posting`)."""
+        posting = _Posting()
+        self._post_in_order(receives, posting)
+        return posting
+
+    def _post_in_order(self, receives: Sequence[DeferredReceive], posting: _Posting) -> None:
+        """Post ``receives``, taken out of their queues, in their order (inbox lock held)."""
+        for receive in receives:
+            self._post_locked(receive.posted(), [receive.channel], posting, in_order=True)
+
+    def _after_posting(self, posting: _Posting) -> None:
+        """Do what posting receives left for after the inbox lock (no lock held)."""
+        if posting.released:
+            assert self._poller is not None  # a held message came over a socket
+            for peer in posting.released:
+                self._poller.sync_read_interest(peer)
+        if posting.polls:
+            self._hosts.posted()
+        finish(posting.done)
+        for op, message in posting.copies:
             self._complete_from(op, message)
-        return work
 
     # -- blocking calls of small host arrays, without a Work ---------------------------------
     def send(self, array: np.ndarray, dst: int, tag: int) -> None:
@@ -462,6 +515,11 @@ class Engine:
         if self._all_gone():
             return BackendError(f"tcp: rank {self.rank}: every peer has closed its backend")
         return None
+
+    def _lost(self, rank: int) -> bool:
+        """Whether ``rank``'s connection is known dead."""
+        peer = self._peers.get(rank)
+        return peer is not None and peer.dead is not None
 
     def _all_gone(self) -> bool:
         """Whether every other rank has connected and left (no any-source message can come).

@@ -86,14 +86,15 @@ class HostPeers:
         self._silent: list[tuple[int, Callable[[], bool]]] = []  # host peers with no channel
         self._maker: Channels | None = None
         self._channel_lock = threading.Lock()  # guards making channels (no other lock inside)
-        self._group: Any = None  # the host's ShmGroup once use() ran
+        self.group: Any = None  #: the host's ShmGroup once use() ran
         self._inline_max = 0  # the largest message a ring entry holds, once use() ran
         #: What a send written into a ring returns: it is complete and can never fail, so one
         #: finished Work serves them all (a new one costs a future and a lock per send).
         self.delivered = Work.completed(description="tcp send (written into shared memory)")
         self._long_sleep = False  # the progress thread sleeps without looking at the rings
         self._ring_post_at = 0.0  # when a receive a ring may complete was last posted
-        self._drivers: set[PollingFuture] = set()  # receives whose waiter polls the rings now
+        #: Receives whose waiter polls the rings now.
+        self.drivers: set[PollingFuture] = set()
         # Channels with sends their peer is still to read from this rank's memory (shm_remote);
         # changed under the channel's send_lock.
         self._remote_channels: set[Channel] = set()
@@ -108,7 +109,7 @@ class HostPeers:
             self._maker = channels
             self.ranks = frozenset(channels.ranks)
             self._silent = [(rank, channels.announced(rank)) for rank in channels.ranks]
-            self._group = channels.group
+            self.group = channels.group
             self._inline_max = channels.group.segments[channels.group.rank].ring_bytes // 2
         self._long_sleep = True  # the thread went to sleep before it had rings to look at
         # Only now may peers write into our rings: a socket message read before this point was
@@ -168,7 +169,7 @@ class HostPeers:
         (the send goes over the socket)."""
         if view.nbytes <= SMALL_BYTES or not channel.remote_ready():
             return None
-        future = PollingFuture(self._poll_sends, self._group, self._drivers)
+        future = PollingFuture(self._poll_sends, self.group, self.drivers)
         work = Work(future, description=f"tcp send to rank {channel.rank} tag {tag}",
                     default_timeout=self._timeout)
         if not channel.try_send_remote(view, tag, array, work):
@@ -182,7 +183,7 @@ class HostPeers:
         """Before a blocking send waits for ``work``: when it is one the peer reads from this
         memory and every rank has a core, look for the peer's acknowledgement (and its own
         messages) for a moment without yielding, as a blocking receive spins on the ring."""
-        if not self._remote_channels or not self._group.spin_iterations:
+        if not self._remote_channels or not self.group.spin_iterations:
             return
         until = time.perf_counter() + REMOTE_SPIN_SECONDS
         while not work.is_completed() and time.perf_counter() < until:
@@ -221,7 +222,7 @@ class HostPeers:
     # -- receives -------------------------------------------------------------------------------
     def future(self) -> PollingFuture:
         """The future of a receive a ring may complete: its waiter polls the rings."""
-        return PollingFuture(self.poll, self._group, self._drivers)
+        return PollingFuture(self.poll, self.group, self.drivers)
 
     def posted(self) -> None:
         """A receive a ring may complete was posted: have the progress thread tick."""
@@ -346,7 +347,7 @@ class HostPeers:
     def await_ring(self, channel: Channel, array: np.ndarray, tag: int) -> bool:
         """Take message ``tag`` for ``array`` from ``channel``'s peer once it comes (within a
         waiter's polls); False: leave it to irecv."""
-        group = self._group
+        group = self.group
         if group.spin_iterations:
             # Spin on the ring alone: a message that comes over the socket meanwhile (a rare
             # path for a ring-sized one) is found by the polls below.
@@ -375,38 +376,51 @@ class HostPeers:
         by another thread, a broken group) is found by :meth:`take_next` when something comes,
         or by irecv once the polls are over.
         """
-        if channel.has_news() or self._inbox.table.queued(channel.rank, tag):
+        if self.may_take(channel, tag):
             return self.take_next(channel, array, tag)
         return None
+
+    def may_take(self, channel: Channel, tag: int) -> bool:
+        """Whether the ring or the unexpected queue holds something from ``channel``'s peer
+        that a receive of ``tag`` may take (a look without the lock)."""
+        return channel.has_news() or self._inbox.table.queued(channel.rank, tag)
 
     def take_next(self, channel: Channel, array: np.ndarray | memoryview, tag: int
                   ) -> bool | None:
         """Copy the message a receive ``tag`` from ``channel``'s peer takes next into ``array``.
 
-        Returns False when that is not for this call to do (irecv decides: a posted receive
-        comes first, the message is still arriving or has another size, the group is broken)
-        and None when there is no message yet.
+        Returns False when that is not for this call to do (irecv decides: a receive posted or
+        left to its waiter comes first, the message is still arriving or has another size, the
+        group is broken) and None when there is no message yet.
         """
+        inbox = self._inbox
+        with inbox.lock:
+            if inbox.deferred and (channel.rank, tag) in inbox.deferred:
+                return False  # receives made before this one come first (tcp._deferred)
+            return self.take_locked(channel, array, tag)
+
+    def take_locked(self, channel: Channel, array: np.ndarray | memoryview, tag: int
+                    ) -> bool | None:
+        """:meth:`take_next` for a receive whose turn it is (inbox lock held)."""
         src = channel.rank
         inbox = self._inbox
         table = inbox.table
-        with inbox.lock:
-            # Inbox.refusal()'s test, without building its error; a held socket message may
-            # be the one
-            if inbox.closed or inbox.broken is not None or inbox.held:
-                return False
-            if table.empty():  # the common case: nothing posted, nothing queued
-                return channel.take(array, tag, inbox.arrivals.get(src, 0))
-            if table.expects(src, tag):
-                return False
-            message = table.first_unexpected(src, tag)
-            if message is None:
-                return channel.take(array, tag, inbox.arrivals.get(src, 0))
-            if not message.done or len(message.buffer) != array.nbytes:
-                return False
-            table.take_unexpected(src, tag)
-            copy_bytes(byte_view(array, name="array", writable=True), message.buffer)
-            table.recycle(message.buffer)
+        # Inbox.refusal()'s test, without building its error; a held socket message may
+        # be the one
+        if inbox.closed or inbox.broken is not None or inbox.held:
+            return False
+        if table.empty():  # the common case: nothing posted, nothing queued
+            return channel.take(array, tag, inbox.arrivals.get(src, 0))
+        if table.expects(src, tag):
+            return False
+        message = table.first_unexpected(src, tag)
+        if message is None:
+            return channel.take(array, tag, inbox.arrivals.get(src, 0))
+        if not message.done or len(message.buffer) != array.nbytes:
+            return False
+        table.take_unexpected(src, tag)
+        copy_bytes(byte_view(array, name="array", writable=True), message.buffer)
+        table.recycle(message.buffer)
         return True
 
     # -- the progress thread, failure and close -------------------------------------------------
@@ -428,7 +442,7 @@ class HostPeers:
             posted = self._inbox.table.posted_count()
         if posted or self._remote_channels or now - self._ring_post_at < TICK_LINGER_SECONDS:
             self._long_sleep = False
-            tick = DRIVEN_TICK_SECONDS if self._drivers else TICK_SECONDS
+            tick = DRIVEN_TICK_SECONDS if self.drivers else TICK_SECONDS
             timeout = min(timeout, tick)
         return timeout
 

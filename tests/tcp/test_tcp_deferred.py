@@ -1,0 +1,193 @@
+"""Receives left to their waiters (colls_plugins.tcp._deferred): taken from the ring by the thread
+that waits, never posted, and matched as if they had been posted when they were made.
+
+Ranks on threads of one process share one host, so their messages go through the rings; every
+test runs on the compiled ring steps and on the Python ones (``shm_path``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import numpy as np
+import pytest
+from tcp_helpers import WAIT
+
+from colls.errors import CollsTimeoutError
+from colls_plugins.tcp import _deferred
+from colls_plugins.tcp.shm import setup as shm_setup
+from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES
+
+pytestmark = [
+    pytest.mark.skipif(shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
+                       reason=f"shared memory unavailable here: {shm_setup.shm_supported()}"),
+    pytest.mark.timeout(60),
+]
+
+
+@pytest.fixture
+def pair(group, shm_path):  # noqa: ANN001, ANN201 - the fixtures of conftest.py
+    """Two ranks of one host: (a, b), b receiving from a."""
+    a, b = group(2, name="deferred")
+    assert a.uses_shm and b.uses_shm
+    return a, b
+
+
+def _posted(backend) -> int:  # noqa: ANN001 - a TcpBackend
+    with backend._engine._lock:
+        return backend._engine._table.posted_count()
+
+
+def _deferred_count(backend) -> int:  # noqa: ANN001
+    return sum(len(queue) for queue in backend._engine._inbox.deferred.values())
+
+
+def _ints(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def test_a_receive_made_before_its_message_is_taken_by_its_waiter_unposted(pair):
+    a, b = pair
+    out = np.zeros(2, np.int64)
+    work = b.irecv(out, 0, 5)
+    assert isinstance(work.get_future(), _deferred.DeferredReceive)
+    assert _posted(b) == 0 and _deferred_count(b) == 1
+    a.isend(_ints(7, 8), 1, 5)
+    assert work.wait(WAIT) and work.result() == 0 and out.tolist() == [7, 8]
+    assert _posted(b) == 0 and _deferred_count(b) == 0
+
+
+def test_receives_of_one_source_and_tag_match_in_the_order_made_whichever_is_waited_first(pair):
+    a, b = pair
+    first, second, third = (np.zeros(1, np.int64) for _ in range(3))
+    works = [b.irecv(first, 0, 5), b.irecv(second, 0, 5), b.irecv(third, 0, 5)]
+    for value in (1, 2, 3):
+        a.isend(_ints(value), 1, 5)
+    assert works[1].wait(WAIT)  # the second: the first is posted before it
+    assert works[2].wait(WAIT) and works[0].wait(WAIT)
+    assert [first[0], second[0], third[0]] == [1, 2, 3]
+
+
+def test_a_blocking_recv_after_a_deferred_receive_takes_the_next_message(pair):
+    a, b = pair
+    early, late = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    work = b.irecv(early, 0, 5)
+    a.isend(_ints(1), 1, 5)
+    a.isend(_ints(2), 1, 5)
+    assert b.recv(late, 0, 5) == 0
+    assert work.wait(WAIT)
+    assert (early[0], late[0]) == (1, 2)
+
+
+def test_an_any_source_receive_posts_the_deferred_receives_of_its_tag_first(pair):
+    a, b = pair
+    specific, any_source, other_tag = (np.zeros(1, np.int64) for _ in range(3))
+    first = b.irecv(specific, 0, 5)
+    unrelated = b.irecv(other_tag, 0, 6)  # another tag: stays left to its waiter
+    second = b.irecv(any_source, None, 5)
+    assert _deferred_count(b) == 1 and _posted(b) == 2
+    a.isend(_ints(1), 1, 5)
+    a.isend(_ints(2), 1, 5)
+    a.isend(_ints(3), 1, 6)
+    assert second.result() == 0 and first.result() == 0 and unrelated.result() == 0
+    assert (specific[0], any_source[0], other_tag[0]) == (1, 2, 3)
+
+
+def test_a_receive_too_large_for_the_ring_is_posted_after_the_deferred_ones(pair):
+    a, b = pair
+    small = np.zeros(4, np.uint8)
+    big = np.zeros(INLINE_MAX_BYTES + 8, np.uint8)
+    first = b.irecv(small, 0, 5)
+    second = b.irecv(big, 0, 5)
+    assert _deferred_count(b) == 0 and _posted(b) == 2  # both posted, in their order
+    sent_big = np.arange(big.size, dtype=np.int64).astype(np.uint8)
+    a.isend(np.full(4, 9, np.uint8), 1, 5)
+    send = a.isend(sent_big, 1, 5)
+    assert second.wait(WAIT) and first.wait(WAIT) and send.wait(WAIT)
+    assert small.tolist() == [9] * 4
+    np.testing.assert_array_equal(big, sent_big)
+
+
+def test_a_done_callback_or_futures_wait_sees_it_complete_without_a_waiter(pair):
+    a, b = pair
+    called = threading.Event()
+    out, other = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    work = b.irecv(out, 0, 5)
+    work.add_done_callback(lambda _work: called.set())  # posts it
+    assert _deferred_count(b) == 0 and _posted(b) == 1
+    watched = b.irecv(other, 0, 6)
+    a.isend(_ints(4), 1, 5)
+    a.isend(_ints(5), 1, 6)
+    assert called.wait(WAIT) and out[0] == 4  # the progress thread completed it
+    done, _ = concurrent.futures.wait([watched.get_future()], timeout=WAIT)
+    assert done and other[0] == 5
+
+
+def test_polling_is_completed_takes_the_message(pair):
+    a, b = pair
+    out = np.zeros(1, np.int64)
+    work = b.irecv(out, 0, 5)
+    assert not work.is_completed()
+    a.isend(_ints(6), 1, 5)
+    deadline = time.monotonic() + WAIT
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert work.is_completed() and out[0] == 6 and _posted(b) == 0
+
+
+def test_a_wait_that_times_out_leaves_the_receive_posted_for_a_later_wait(pair):
+    a, b = pair
+    out = np.zeros(1, np.int64)
+    work = b.irecv(out, 0, 5)
+    started = time.monotonic()
+    with pytest.raises(CollsTimeoutError, match="tcp recv from rank 0 tag 5"):
+        work.wait(0.2)
+    assert 0.2 <= time.monotonic() - started < 5.0
+    assert _deferred_count(b) == 0 and _posted(b) == 1
+    a.isend(_ints(3), 1, 5)
+    assert work.wait(WAIT) and out[0] == 3
+
+
+def test_a_deferred_receive_of_a_closed_engine_fails_naming_it(pair):
+    _a, b = pair
+    work = b.irecv(np.zeros(1, np.int64), 0, 5)
+    b.close()
+    with pytest.raises(Exception, match="tcp backend closed"):
+        work.wait(WAIT)
+    assert work.is_completed()
+
+
+def test_is_completed_never_waits_for_the_inbox_lock(pair):
+    """A flight recorder dump asks is_completed() from a signal handler, whose thread may hold
+    the lock: the look gives up instead of deadlocking."""
+    a, b = pair
+    out = np.zeros(1, np.int64)
+    work = b.irecv(out, 0, 5)
+    a.isend(_ints(2), 1, 5)
+    with b._engine._inbox.lock:
+        assert not work.is_completed()
+    assert work.wait(WAIT) and out[0] == 2
+
+
+def test_threads_each_receiving_their_own_tag_get_their_streams_in_order(pair):
+    a, b = pair
+    threads, count = 4, 200
+    got = np.zeros((threads, count), np.int64)
+
+    def receive(tag: int) -> None:
+        for i in range(count):
+            b.irecv(got[tag, i:i + 1], 0, tag).wait(WAIT)
+
+    receivers = [threading.Thread(target=receive, args=(tag,)) for tag in range(threads)]
+    for thread in receivers:
+        thread.start()
+    for i in range(count):
+        for tag in range(threads):
+            a.isend(_ints(tag * 1000 + i), 1, tag).wait(WAIT)
+    for thread in receivers:
+        thread.join(WAIT)
+    expected = np.arange(threads)[:, None] * 1000 + np.arange(count)[None, :]
+    np.testing.assert_array_equal(got, expected)
+    assert _posted(b) == 0 and _deferred_count(b) == 0
