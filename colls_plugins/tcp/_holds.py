@@ -137,9 +137,9 @@ class Holds:
     def must_hold(self, src: int, nbytes: int) -> bool:
         """Return whether a message from ``src`` nobody receives yet stays in the socket.
 
-        Never while a receive that could take a later message from ``src`` is posted: that
-        message may be behind this one on the stream (:meth:`release_for` reads past held
-        messages for the same reason). Lock held.
+        Never while a receive that could take a later message from ``src`` is posted (or left
+        to its waiter, :meth:`Inbox.awaits`): that message may be behind this one on the
+        stream (:meth:`release_for` reads past held messages for the same reason). Lock held.
         """
         if nbytes == 0:
             # Nothing to hold back, and a held message is released into a body read, where
@@ -151,7 +151,7 @@ class Holds:
             buffered = table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
             if buffered <= MAX_UNEXPECTED_BYTES:
                 return False
-        return not table.awaits(src)
+        return not self._inbox.awaits(src)
 
     def hold(self, peer: Peer, tag: int, nbytes: int) -> None:
         """Leave the body of ``peer``'s message unread until its receive is posted (lock held)."""

@@ -70,6 +70,12 @@ class Inbox:
             return BackendError("tcp backend closed")
         return self.broken
 
+    def awaits(self, src: int) -> bool:
+        """Whether a receive posted or left to its waiter accepts some message from ``src``
+        (lock held): then a message from ``src`` is never held back or left in its ring for
+        want of room, since the one the receive waits for may be behind it."""
+        return self.table.awaits(src) or any(key[0] == src for key in self.deferred)
+
     def count_arrival(self, src: int) -> None:
         """Count a socket message from ``src`` that reached the match table (lock held).
 

@@ -257,7 +257,7 @@ class HostPeers:
             if before > inbox.arrivals.get(src, 0):
                 return
             op = table.match_arrival(src, tag)
-            if op is None and not force and not table.awaits(src):
+            if op is None and not force and not inbox.awaits(src):
                 buffered = table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
                 if buffered > MAX_UNEXPECTED_BYTES:
                     return
@@ -290,7 +290,7 @@ class HostPeers:
             return False
         address, nbytes, ticket = channel.remote_entry(entry_nbytes)
         op = table.match_arrival(src, tag)
-        if op is None and not force and not table.awaits(src):
+        if op is None and not force and not inbox.awaits(src):
             buffered = table.unexpected_bytes + nbytes + MESSAGE_OVERHEAD_BYTES
             if buffered > MAX_UNEXPECTED_BYTES:
                 return False

@@ -17,6 +17,7 @@ from tcp_helpers import WAIT
 
 from colls.errors import CollsTimeoutError
 from colls_plugins.tcp import _deferred
+from colls_plugins.tcp.shm import p2p as shm_p2p
 from colls_plugins.tcp.shm import setup as shm_setup
 from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES
 
@@ -191,3 +192,56 @@ def test_threads_each_receiving_their_own_tag_get_their_streams_in_order(pair):
     expected = np.arange(threads)[:, None] * 1000 + np.arange(count)[None, :]
     np.testing.assert_array_equal(got, expected)
     assert _posted(b) == 0 and _deferred_count(b) == 0
+
+
+def test_a_message_from_a_peer_with_a_deferred_receive_is_never_held_back(pair):
+    """A large socket message nobody receives is held in the socket (its sender waits), and a
+    ring entry waits in the ring when the unexpected budget is spent; neither may happen while
+    a receive from that peer is left to its waiter, or two ranks that both wait on their sends
+    first would wait for each other."""
+    from colls_plugins.tcp._holds import HOLD_MIN_BYTES
+
+    a, b = pair
+    engine = b._engine
+    with engine._inbox.lock:
+        assert engine._holds.must_hold(0, HOLD_MIN_BYTES)
+    work = b.irecv(np.zeros(4, np.uint8), 0, 5)
+    with engine._inbox.lock:
+        assert engine._inbox.awaits(0) and not engine._inbox.awaits(1)
+        assert not engine._holds.must_hold(0, HOLD_MIN_BYTES)
+    a.isend(np.ones(4, np.uint8), 1, 5)
+    assert work.wait(WAIT)
+    with engine._inbox.lock:
+        assert engine._holds.must_hold(0, HOLD_MIN_BYTES)
+
+
+@pytest.mark.parametrize("overflow", ["remote read", "socket"])
+def test_ranks_that_wait_on_their_sends_before_their_receives_do_not_wait_for_each_other(
+        pair, overflow, monkeypatch):
+    """Three messages of 700 KiB each way overflow the 2 MiB rings: the third is read from the
+    sender's memory (its send completes once the receiver has read it) or goes over the socket.
+    Both ranks wait on their sends first, with their receives left to them; every message
+    arrives, in order. (The rule that keeps a held socket message from stalling such a pair is
+    checked directly above: the kernel's 4 MiB socket buffers take 700 KiB here anyway.)"""
+    from _support import on_threads
+
+    if overflow == "socket":
+        monkeypatch.setattr(shm_p2p.Channel, "remote_ready", lambda _channel: False)
+    backends = pair
+    count, nbytes = 3, 700 << 10
+
+    def exchange(rank: int) -> np.ndarray:
+        me, peer = backends[rank], 1 - rank
+        got = np.zeros((count, nbytes), np.uint8)
+        sends = [me.isend(np.full(nbytes, 10 * rank + i, np.uint8), peer, 7)
+                 for i in range(count)]
+        receives = [me.irecv(got[i], peer, 7) for i in range(count)]
+        for work in sends + receives:
+            work.wait(WAIT)
+        return got
+
+    got = on_threads(exchange, 2, 60.0)
+    for rank in (0, 1):
+        sender = 1 - rank
+        assert [int(row[0]) for row in got[rank]] == [10 * sender + i for i in range(count)]
+        assert all((row == row[0]).all() for row in got[rank])
