@@ -143,6 +143,8 @@ class Deferred:
         inbox = self._inbox
         taken = None
         with inbox.lock:
+            if inbox.closed or inbox.broken is not None:
+                return None  # posting fails it, with the engine's error
             queue = inbox.deferred.get(key)
             if queue is None and hosts.may_take(channel, tag):
                 taken = hosts.take_locked(channel, array, tag)

@@ -137,9 +137,10 @@ class HostPeers:
 
     def channel_for(self, rank: int) -> Channel | None:
         """Return the channel to ``rank``, made now if it is a host peer without one yet; None
-        for a rank reached only over its socket."""
+        for a rank reached only over its socket, and for a new one once the engine is closed
+        (the host's memory may be unmapped: the socket path reports the closed engine)."""
         channel = self._channels.get(rank)
-        if channel is None and rank in self.ranks:
+        if channel is None and rank in self.ranks and not self._inbox.closed:
             channel = self._open_channel(rank)
         return channel
 

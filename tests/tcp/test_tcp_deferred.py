@@ -245,3 +245,17 @@ def test_ranks_that_wait_on_their_sends_before_their_receives_do_not_wait_for_ea
         sender = 1 - rank
         assert [int(row[0]) for row in got[rank]] == [10 * sender + i for i in range(count)]
         assert all((row == row[0]).all() for row in got[rank])
+
+
+def test_a_receive_made_after_close_fails_naming_it(pair):
+    _a, b = pair
+    b.close()
+    with pytest.raises(Exception, match="tcp backend closed"):
+        b.irecv(np.zeros(1, np.int64), 0, 5).wait(WAIT)
+
+
+def test_a_send_to_a_host_peer_never_talked_to_after_close_fails_naming_it(pair):
+    a, _b = pair
+    a.close()
+    with pytest.raises(Exception, match="tcp backend closed"):
+        a.isend(np.zeros(1, np.int64), 1, 5).wait(WAIT)
