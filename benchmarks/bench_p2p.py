@@ -3,12 +3,14 @@
 
     python benchmarks/bench_p2p.py                      # 2 ranks, 2 rounds, both tables
     python benchmarks/bench_p2p.py --rounds 3 --sizes 32768 1048576 --json out.jsonl
+    python benchmarks/bench_p2p.py --backend mpi        # colls on its mpi backend (mpiexec)
 
 Two ranks ping-pong one buffer (``send`` then ``recv`` on rank 0, the reverse on rank 1; colls'
 blocking calls, mpi4py's ``Send``/``Recv``); a sample is the slowest rank's time of a burst of
 round trips divided by twice the burst (half a round trip, OSU's latency), and a row is the
 median of the samples, then the median over rounds. Each round launches MPICH (``mpiexec``),
-then colls (``colls-run``), so both see the same load; the table gives colls / MPICH.
+then colls (``colls-run`` for tcp; ``mpiexec`` for ``--backend mpi``, colls over the same MPICH),
+so both see the same load; the table gives colls / MPICH.
 
 The halo table (colls only: mpi4py refuses a non-contiguous buffer) exchanges one column of a
 C-ordered ``rows x rows`` float64 array, ``u[:, 1]``, as a heat solver's halo would:
@@ -53,7 +55,7 @@ TAG = 7
 class Comm:
     """The calls the workers make, on colls or mpi4py."""
 
-    def __init__(self, impl: str) -> None:
+    def __init__(self, impl: str, backend: str = "tcp") -> None:
         self.impl = impl
         if impl == "mpi":
             from mpi4py import MPI
@@ -65,7 +67,7 @@ class Comm:
             import colls
 
             self.c = colls
-            colls.init_process_group("tcp")
+            colls.init_process_group(backend)
             self.rank = colls.get_rank()
             self.version = f"colls {getattr(colls, '__version__', '?')}"
 
@@ -162,7 +164,7 @@ def halo_cases(comm: Comm, rows: int) -> dict:
 
 
 def worker(a: argparse.Namespace) -> None:
-    comm = Comm(a.impl)
+    comm = Comm(a.impl, a.backend)
     out: dict = {"pingpong": {}, "halo": {}}
     for nbytes in a.sizes:
         out["pingpong"][str(nbytes)] = pingpong(comm, nbytes, a)
@@ -181,11 +183,12 @@ def launch(impl: str, a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "r.json")
         args = ["worker", "--impl", impl, "--result-file", result, "--samples", str(a.samples),
-                "--budget", str(a.budget), "--sizes", *map(str, a.sizes)]
+                "--budget", str(a.budget), "--backend", a.backend, "--sizes", *map(str, a.sizes)]
         if not a.halo:
             args.append("--no-halo")
+        launcher = "mpi" if impl == "colls" and a.backend == "mpi" else impl  # mpiexec for both
         cmds = [[SELF if arg == peers.SELF else arg for arg in cmd]
-                for cmd in peers.launch_cmds(impl, 2, args)]
+                for cmd in peers.launch_cmds(launcher, 2, args)]
         peers.run_procs(cmds, peers.child_env(impl), a.timeout)
         with open(result) as f:
             return json.load(f)
@@ -242,7 +245,7 @@ def driver(a: argparse.Namespace) -> None:
                     f.write(json.dumps(row) + "\n")
     load_after = open("/proc/loadavg").read().split()[:3]
     print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; "
-          f"{' vs '.join(r['version'] for r in rows[:2])}; samples {a.samples}, "
+          f"{' vs '.join(r['version'] for r in rows[:2])} ({a.backend}); samples {a.samples}, "
           f"rounds {a.rounds}")
     sys.stdout.write(tables(rows))
 
@@ -260,6 +263,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="skip the strided halo table")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", help="append one JSON line per launch here")
+    p.add_argument("--backend", choices=["tcp", "mpi"], default="tcp",
+                   help="colls' backend: tcp under colls-run, or mpi under mpiexec")
     p.add_argument("--impl", choices=["mpi", "colls"], help=argparse.SUPPRESS)
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     return p.parse_args(argv)
