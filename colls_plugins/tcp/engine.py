@@ -402,7 +402,13 @@ class Engine:
                 taken = hosts.await_ring(channel, array, tag)
             if taken:
                 return channel.rank
-        return self.irecv(array, src, tag).source_rank()
+        work = self.irecv(array, src, tag)
+        future = work.get_future()
+        if isinstance(future, DeferredReceive):
+            # This thread has polled for it already: it waits as for a posted receive (sleeps)
+            # instead of polling again as its waiter.
+            self._deferred.post(future)
+        return work.source_rank()
 
     # --------------------------------------------------------------------------- host peers
     def use_shm(self, channels: Channels) -> None:

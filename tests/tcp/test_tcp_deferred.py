@@ -259,3 +259,21 @@ def test_a_send_to_a_host_peer_never_talked_to_after_close_fails_naming_it(pair)
     a.close()
     with pytest.raises(Exception, match="tcp backend closed"):
         a.isend(np.zeros(1, np.int64), 1, 5).wait(WAIT)
+
+
+def test_a_blocking_recv_that_polled_in_vain_waits_posted(pair):
+    """A blocking recv whose message does not come within its polls waits as a posted receive
+    (it sleeps; the engine posts it at once rather than have it poll again as a waiter), and
+    gets the message when it comes."""
+    a, b = pair
+    out = np.zeros(1, np.int64)
+    got: list[int] = []
+    receiver = threading.Thread(target=lambda: got.append(b.recv(out, 0, 5)))
+    receiver.start()
+    deadline = time.monotonic() + WAIT
+    while _posted(b) == 0 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert _posted(b) == 1 and _deferred_count(b) == 0
+    a.isend(_ints(9), 1, 5)
+    receiver.join(WAIT)
+    assert got == [0] and out[0] == 9
