@@ -74,12 +74,12 @@ class Work:
     # -- constructors used by backends -------------------------------------------------------
 
     @classmethod
-    def completed(cls, value: Any = None, *, description: str = "operation") -> Work:
+    def completed(cls, value: Any = None, *, description: Any = "operation") -> Work:
         """Return a Work that has already succeeded with ``value``."""
         return cls(Completion.finished(value), description=description)
 
     @classmethod
-    def failed(cls, exc: BaseException, *, description: str = "operation") -> Work:
+    def failed(cls, exc: BaseException, *, description: Any = "operation") -> Work:
         """Return a Work that has already failed with ``exc``."""
         work = cls(description=description)
         work._future.set_exception(exc)
