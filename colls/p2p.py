@@ -303,12 +303,12 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     # before any starts. Non-members' ops get no Work.
     prepared: list[Any] = []
     for p in p2p_op_list:
-        if type(p) is not P2POp and not isinstance(p, P2POp):
+        if not isinstance(p, P2POp):
             raise ValueError(
                 "Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
         kind = "irecv" if p.op is irecv or p.op.__name__ == "irecv" else "isend"
         peer, group_peer = p.peer, p.group_peer
-        if peer is PROC_NULL or group_peer is PROC_NULL:
+        if _null(peer, group_peer):
             prepared.append(_null_work(p.group, kind))
         else:
             prepared.append(_checked_entry(kind, p.tensor, peer, p.group, p.tag, group_peer,
