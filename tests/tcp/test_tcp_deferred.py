@@ -261,11 +261,16 @@ def test_a_send_to_a_host_peer_never_talked_to_after_close_fails_naming_it(pair)
         a.isend(np.zeros(1, np.int64), 1, 5).wait(WAIT)
 
 
-def test_a_blocking_recv_that_polled_in_vain_waits_posted(pair):
+def test_a_blocking_recv_that_polled_in_vain_waits_posted(pair, monkeypatch):
     """A blocking recv whose message does not come within its polls waits as a posted receive
     (it sleeps; the engine posts it at once rather than have it poll again as a waiter), and
     gets the message when it comes."""
     a, b = pair
+    polled_again: list[object] = []
+    await_message = _deferred.Deferred.await_message
+    monkeypatch.setattr(_deferred.Deferred, "await_message",
+                        lambda self, receive, timeout: polled_again.append(receive)
+                        or await_message(self, receive, timeout))
     out = np.zeros(1, np.int64)
     got: list[int] = []
     receiver = threading.Thread(target=lambda: got.append(b.recv(out, 0, 5)))
@@ -277,3 +282,4 @@ def test_a_blocking_recv_that_polled_in_vain_waits_posted(pair):
     a.isend(_ints(9), 1, 5)
     receiver.join(WAIT)
     assert got == [0] and out[0] == 9
+    assert polled_again == []
