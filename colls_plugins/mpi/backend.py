@@ -139,6 +139,9 @@ class MpiBackend(Backend):
         #: Descriptions of Works complete when made (their message is not named: formatting
         #: its text for every message cost as much as MPI's call).
         self._done_text = {kind: f"mpi {kind} on {self._where}" for kind in ("isend", "irecv")}
+        #: The one Work of every isend complete when posted: it can never change, so the
+        #: sends share it (as tcp's sends written into shared memory do).
+        self._sent = Work(Completion.finished(None), description=self._done_text["isend"])
         ranks = tuple(options.global_ranks)
         self._agreement = Agreement(MPI, self._comm, self._internal, ranks.__getitem__,
                                     self._where)
@@ -278,7 +281,7 @@ class MpiBackend(Backend):
             return Work.failed(error, description=self._done_text[kind])
         if done:
             if kind == "isend":
-                return Work(Completion.finished(None), description=self._done_text[kind])
+                return self._sent
             try:
                 value = self._received(kind, peer, tag, array.nbytes, status)
             except BaseException as exc:  # delivered through the Work, as test_once does

@@ -114,27 +114,38 @@ class Pending(Completion):
 
         No hand-off to and from the progress thread; after DRIVE_SECONDS the waiter sleeps
         and the progress thread finishes the request, so a long wait does not burn a core.
+        The waiter holds the request's lock while it tests: the progress thread, which only
+        tries the lock, leaves the request alone meanwhile, and each test is MPI's call alone.
         """
-        progress = self.owner.progress
         start = time.monotonic()
+        # Tried first without a timeout: a timed acquire costs four times as much.
+        if not (self.lock.acquire(blocking=False)
+                or self.lock.acquire(timeout=-1 if timeout is None else timeout)):
+            return 0.0  # another waiter drives it; the future's wait takes over
         limit = DRIVE_SECONDS if timeout is None else min(timeout, DRIVE_SECONDS)
+        progress = self.owner.progress
         status = progress.new_status()
+        spin = progress.spin_tests
+        test = self.request.Test
         tests = 0
         self.driven = True  # the progress thread backs off meanwhile: no fight over the GIL
-        spin = progress.spin_tests
-        progress.driving(1)
         try:
-            # test() is True once the request is done, whoever saw it (settled): no Future
-            # lock per test, and the clock read only while yielding.
-            while not self.test(status):
+            while not self.settled:
+                try:
+                    if test(status):
+                        self._settle(status, None)
+                        break
+                except Exception as exc:  # mpi4py raises MPI.Exception (a RuntimeError subclass)
+                    self._settle(status, exc)
+                    break
                 tests += 1
                 if tests > spin:
                     os.sched_yield()
-                    if time.monotonic() - start > limit:
-                        break
+                    if self.done() or time.monotonic() - start > limit:
+                        break  # failed by a close, or long enough: the future's wait takes over
         finally:
             self.driven = False
-            progress.driving(-1)
+            self.lock.release()
         return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
 
     def test(self, status: Any) -> bool:
@@ -153,25 +164,34 @@ class Pending(Completion):
                 if not self.request.Test(status):
                     return False
             except Exception as exc:  # mpi4py raises MPI.Exception (a RuntimeError subclass)
-                self.fail(self.owner.describe(self, exc, status))
+                self._settle(status, exc)
             else:
-                try:
-                    value = self.owner.finish(self, status)
-                except BaseException as exc:  # delivered through the Work, never lost
-                    self.fail(exc)
-                else:
-                    with contextlib.suppress(concurrent.futures.InvalidStateError):
-                        self.set_result(value)  # unless a close failed it first
-            # Settled only once the future is: a waiter that sees ``settled`` returns the
-            # value at once. Marked first, a waiter found it settled while the progress
-            # thread still had to set the result, blocked on the future, and waited for that
-            # thread to get the GIL back: hundreds of microseconds per message on a loaded
-            # host.
-            self.settled = True
-            self.buffer = None  # MPI is done with it
+                self._settle(status, None)
             return True
         finally:
             self.lock.release()
+
+    def _settle(self, status: Any, error: Exception | None) -> None:
+        """Complete the future of the request that just completed (or failed with MPI's
+        ``error``); the caller holds :attr:`lock`."""
+        if error is not None:
+            self.fail(self.owner.describe(self, error, status))
+        else:
+            try:
+                value = self.owner.finish(self, status)
+            except BaseException as exc:  # delivered through the Work, never lost
+                self.fail(exc)
+            else:
+                try:
+                    self.set_result(value)
+                except concurrent.futures.InvalidStateError:
+                    pass  # a close failed it first
+        # Settled only once the future is: a waiter that sees ``settled`` returns the value at
+        # once. Marked first, a waiter found it settled while the progress thread still had to
+        # set the result, blocked on the future, and waited for that thread to get the GIL
+        # back: hundreds of microseconds per message on a loaded host.
+        self.settled = True
+        self.buffer = None  # MPI is done with it
 
     def fail(self, error: BaseException) -> None:
         """Fail the future with ``error`` unless it is complete already (the first outcome
@@ -209,16 +229,6 @@ class Progress:
         self._closed = False
         #: Whether the thread waits without a timeout (idle for LINGER_S): add() must wake it.
         self._deep_sleep = False
-        #: Threads driving requests now (:meth:`Pending.drive`): while one does, its MPI calls
-        #: progress every request, and the thread's tests would only contend for the GIL and
-        #: MPI's lock.
-        self._drivers = 0
-        self._drivers_lock = threading.Lock()
-
-    def driving(self, change: int) -> None:
-        """Count a waiter that starts (+1) or stops (-1) driving its request."""
-        with self._drivers_lock:
-            self._drivers += change
 
     def add(self, item: Pending) -> None:
         """Hand a posted request to the thread.
@@ -282,7 +292,7 @@ class Progress:
                 active.extend(new)
                 sleep = MIN_SLEEP
                 self._nap(FIRST_LOOK)  # a waiter usually drives it meanwhile, alone in MPI
-            if self._drivers:  # a waiter is in MPI: it progresses these too
+            if self._driven(active):  # a waiter is in MPI: it progresses these too
                 self._nap(LINGER_LOOK_S)
                 continue
             still = [item for item in active if item.driven or not item.test(status)]
@@ -294,6 +304,14 @@ class Progress:
                 sleep = min(sleep * 2, MAX_SLEEP)
             else:
                 idle_since = time.monotonic()
+
+    def _driven(self, active: list[Pending]) -> bool:
+        """Return whether a waiter drives one of the requests, ``active`` or added since the
+        thread last looked: its MPI calls progress them all, and the thread's tests would only
+        contend for the GIL and MPI's lock. (The flags are read without the lock: one set a
+        moment late is seen at the next look.)"""
+        return any(item.driven for item in active) or any(
+            item.driven for item in self._incoming)
 
     def _nap(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early only when the thread must stop.
