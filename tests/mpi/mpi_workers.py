@@ -182,6 +182,38 @@ def p2p_progress(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+def batch_order(rank: int, world_size: int) -> dict[str, Any]:
+    """Batches around a ring, several messages of one (source, tag) in each: the order in which
+    the backend posts them, and what each receive got."""
+    backend = _backend()
+    posted: list[str] = []
+    isend, irecv = backend.isend, backend.irecv
+    backend.isend = lambda *a: (posted.append("isend"), isend(*a))[1]
+    backend.irecv = lambda *a: (posted.append("irecv"), irecv(*a))[1]
+    nxt, prv = (rank + 1) % world_size, (rank - 1) % world_size
+    out: dict[str, Any] = {}
+    for name, count in (("small", 4), ("large", 80 << 10)):  # 32 B; 640 KiB, above 64 KiB
+        posted.clear()
+        got = [np.zeros(count) for _ in range(3)]
+        ops = [
+            colls.P2POp(colls.irecv, got[0], prv, tag=5),
+            colls.P2POp(colls.isend, np.full(count, rank * 10 + 1.0), nxt, tag=5),
+            colls.P2POp(colls.irecv, got[1], prv, tag=5),
+            colls.P2POp(colls.isend, np.full(count, rank * 10 + 2.0), nxt, tag=5),
+            colls.P2POp(colls.isend, np.full(count, rank * 10 + 3.0), nxt, tag=6),
+            colls.P2POp(colls.irecv, got[2], prv, tag=6),
+        ]
+        works = colls.batch_isend_irecv(ops)
+        senders = [works[i].source_rank() for i in (0, 2, 5)]
+        for work in works:
+            work.wait(timeout=WAIT_S)
+        out[name] = {"posted": list(posted), "senders": senders,
+                     "got": [float(g[0]) for g in got],
+                     "whole": all(bool(np.all(g == g[0])) for g in got)}
+    backend.isend, backend.irecv = isend, irecv
+    return out
+
+
 def strided_receives(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 1 receives columns of a grid that rank 0 sends from columns of its own, late (the
     receive is pending when posted): waited on, polled with is_completed() (the progress

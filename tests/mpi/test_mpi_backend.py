@@ -75,6 +75,21 @@ def test_point_to_point_completes_without_the_caller_polling() -> None:
     assert results[1]["late"] == [5, 6]  # and the Work still completes afterwards
 
 
+def test_a_batch_posts_small_receives_after_its_sends_and_matches_in_order() -> None:
+    """Receives of at most 64 KiB are posted after the batch's sends (so that an exchange's
+    message can be there already), larger ones first; either way the receives of one
+    (source, tag) take that rank's messages in the order they were sent."""
+    results = run_mpi(w.batch_order, 3, timeout=60)
+    for rank, result in enumerate(results):
+        prv = (rank - 1) % 3
+        for name in ("small", "large"):
+            assert result[name]["got"] == [prv * 10 + 1.0, prv * 10 + 2.0, prv * 10 + 3.0], name
+            assert result[name]["whole"], name
+            assert result[name]["senders"] == [prv, prv, prv], name
+        assert result["small"]["posted"] == ["isend"] * 3 + ["irecv"] * 3
+        assert result["large"]["posted"] == ["irecv", "isend", "irecv", "isend", "isend", "irecv"]
+
+
 def test_strided_receives_land_in_the_view_before_the_work_says_completed() -> None:
     results = run_mpi(w.strided_receives, 2, timeout=60)
     sent = np.arange(30, dtype=np.float64).reshape(5, 6)
