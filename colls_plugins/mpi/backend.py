@@ -225,7 +225,7 @@ class MpiBackend(Backend):
         """``MPI_Isend``, tested on the calling thread until done: a blocking send with the
         group's timeout, without a Work or the progress thread (that hand-off cost about 20 us
         per message)."""
-        if is_device_array(array):
+        if type(array) is not np.ndarray and is_device_array(array):
             super().send(array, dst, tag)  # staged through isend's Work
             return
         comm, mpi_tag = self._message_route("send", dst, "dst", tag)
@@ -239,7 +239,7 @@ class MpiBackend(Backend):
     def recv(self, array: Any, src: int | None, tag: int) -> int:
         """``MPI_Irecv``, tested on the calling thread until done (as :meth:`send`); return the
         sender's group rank. A message of another size raises a BackendError naming both."""
-        if is_device_array(array):
+        if type(array) is not np.ndarray and is_device_array(array):
             return super().recv(array, src, tag)
         comm, mpi_tag = self._message_route("recv", src, "src", tag)
         MPI = self._MPI
