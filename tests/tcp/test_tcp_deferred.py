@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tcp_helpers import WAIT
 
-from colls.errors import CollsTimeoutError
+from colls.errors import BackendError, CollsTimeoutError
 from colls_plugins.tcp import _deferred
 from colls_plugins.tcp.shm import p2p as shm_p2p
 from colls_plugins.tcp.shm import setup as shm_setup
@@ -155,7 +155,7 @@ def test_a_deferred_receive_of_a_closed_engine_fails_naming_it(pair):
     _a, b = pair
     work = b.irecv(np.zeros(1, np.int64), 0, 5)
     b.close()
-    with pytest.raises(Exception, match="tcp backend closed"):
+    with pytest.raises(BackendError, match="tcp backend closed"):
         work.wait(WAIT)
     assert work.is_completed()
 
@@ -250,14 +250,14 @@ def test_ranks_that_wait_on_their_sends_before_their_receives_do_not_wait_for_ea
 def test_a_receive_made_after_close_fails_naming_it(pair):
     _a, b = pair
     b.close()
-    with pytest.raises(Exception, match="tcp backend closed"):
+    with pytest.raises(BackendError, match="tcp backend closed"):
         b.irecv(np.zeros(1, np.int64), 0, 5).wait(WAIT)
 
 
 def test_a_send_to_a_host_peer_never_talked_to_after_close_fails_naming_it(pair):
     a, _b = pair
     a.close()
-    with pytest.raises(Exception, match="tcp backend closed"):
+    with pytest.raises(BackendError, match="tcp backend closed"):
         a.isend(np.zeros(1, np.int64), 1, 5).wait(WAIT)
 
 
