@@ -146,6 +146,8 @@ class MpiBackend(Backend):
         #: The one Work of every isend complete when posted: it can never change, so the
         #: sends share it (as tcp's sends written into shared memory do).
         self._sent = Work(Completion.finished(None), description=self._done_text["isend"])
+        #: Likewise the one Work of every irecv complete when posted, per sender.
+        self._received_from: dict[int, Work] = {}
         ranks = tuple(options.global_ranks)
         self._agreement = Agreement(MPI, self._comm, self._internal, ranks.__getitem__,
                                     self._where)
@@ -298,7 +300,7 @@ class MpiBackend(Backend):
         """Return the Work of a posted isend or irecv: complete already when the request is (a
         small send, or a message that was here), else held by a :class:`Pending` that the
         waiter or the progress thread completes."""
-        status = self._MPI.Status()
+        status = None if kind == "isend" else self._MPI.Status()  # a receive's sender, size
         try:  # a small send, or a message already here: done now, no thread, no driving
             done = request.Test(status)
         except self._MPI.Exception as exc:
@@ -311,7 +313,11 @@ class MpiBackend(Backend):
                 value = self._received(kind, peer, tag, array.nbytes, status)
             except BaseException as exc:  # delivered through the Work, as test_once does
                 return Work.failed(exc, description=self._done_text[kind])
-            return Work(Completion.finished(value), description=self._done_text[kind])
+            work = self._received_from.get(value)
+            if work is None:
+                work = self._received_from[value] = Work(
+                    Completion.finished(value), description=self._done_text[kind])
+            return work
         item = Pending(self, request, array, kind, peer, tag)
         work = Work(item, description=item, default_timeout=self.timeout)
         self.progress.add(item)

@@ -132,6 +132,10 @@ class Deferred:
         self._post = post
         self._after = after
         self._lost = lost
+        #: The one completed Work of every receive from a rank that took its message at once
+        #: (as the engine's one Work of every send written into a ring): nothing about it can
+        #: change, and a halo exchange takes one per neighbour and iteration.
+        self._taken: dict[int, Work] = {}
 
     def take_or_defer(self, channel: Channel, array: np.ndarray, tag: int, description: Any
                       ) -> Work | None:
@@ -160,7 +164,15 @@ class Deferred:
                 else:
                     queue.append(receive)
                 return work
-        return Work.completed(channel.rank, description=description) if taken else None
+        return self._taken_work(channel.rank) if taken else None
+
+    def _taken_work(self, src: int) -> Work:
+        """Return the completed Work of a receive from ``src`` that took its message at once."""
+        work = self._taken.get(src)
+        if work is None:
+            work = self._taken[src] = Work.completed(
+                src, description=f"tcp recv from rank {src} (taken at once)")
+        return work
 
     def attempt(self, receive: DeferredReceive) -> None:
         """Take ``receive``'s message if it is there and next; post it when the take is not

@@ -60,6 +60,21 @@ def test_a_receive_made_before_its_message_is_taken_by_its_waiter_unposted(pair)
     assert _posted(b) == 0 and _deferred_count(b) == 0
 
 
+def test_receives_taken_at_once_each_report_their_own_sender(group, shm_path):
+    # Such receives share one completed Work per sender: a Work of another sender's would
+    # name the wrong rank.
+    receiver, *senders = group(3, name="taken")
+    for round_ in range(3):
+        for rank, sender in enumerate(senders, start=1):
+            sender.isend(_ints(10 * rank + round_), 0, 4)
+        for rank in (2, 1):
+            out = np.zeros(1, np.int64)
+            work = receiver.irecv(out, rank, 4)
+            assert not isinstance(work.get_future(), _deferred.DeferredReceive)  # taken at once
+            assert work.wait(WAIT) and work.result() == rank and work.is_success()
+            assert out[0] == 10 * rank + round_
+
+
 def test_receives_of_one_source_and_tag_match_in_the_order_made_whichever_is_waited_first(pair):
     a, b = pair
     first, second, third = (np.zeros(1, np.int64) for _ in range(3))
