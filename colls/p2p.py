@@ -342,25 +342,37 @@ def _start_batch(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, i
     """Start the checked ops of a batch, each group's on its backend in one call; return their
     Works in order (a staged receive's followed by its copy back)."""
     group = checked[0][0]
+    entries = []
     staged = False
-    for pg, _, buf in checked:
+    for pg, entry, buf in checked:
         if pg is not group:
-            group = None
-        staged = staged or buf is not None
-    if group is not None:  # the common case: one group, one backend call
-        works = group.backend.batch_isend_irecv([entry for _, entry, _ in checked])
-    else:
-        works = [None] * len(checked)
-        by_group: dict[int, list[int]] = {}
-        for i, (pg, _, _) in enumerate(checked):
-            by_group.setdefault(id(pg), []).append(i)
-        for indexes in by_group.values():
-            backend = checked[indexes[0]][0].backend
-            started = backend.batch_isend_irecv([checked[i][1] for i in indexes])
-            for i, work in zip(indexes, started, strict=True):
-                works[i] = work
-    if not staged:
-        return works
+            return _start_batch_by_group(checked)
+        entries.append(entry)
+        if buf is not None:
+            staged = True
+    works = group.backend.batch_isend_irecv(entries)  # the common case: one backend call
+    return _written_back_all(works, checked) if staged else works
+
+
+def _start_batch_by_group(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, int],
+                                              Buffer | None]]) -> list[Work]:
+    """:func:`_start_batch` for the ops of several groups: each group's go to its backend in
+    one call."""
+    works: list[Any] = [None] * len(checked)
+    by_group: dict[int, list[int]] = {}
+    for i, (pg, _, _) in enumerate(checked):
+        by_group.setdefault(id(pg), []).append(i)
+    for indexes in by_group.values():
+        backend = checked[indexes[0]][0].backend
+        started = backend.batch_isend_irecv([checked[i][1] for i in indexes])
+        for i, work in zip(indexes, started, strict=True):
+            works[i] = work
+    return _written_back_all(works, checked)
+
+
+def _written_back_all(works: list[Work], checked: list[tuple[Any, Any, Buffer | None]]
+                      ) -> list[Work]:
+    """Return ``works``, each staged receive's followed by its copy back."""
     return [work if buf is None else _written_back(work, buf)
             for work, (_, _, buf) in zip(works, checked, strict=True)]
 
@@ -435,9 +447,8 @@ def sendrecv(send_tensor: Any, recv_tensor: Any, dst: int | None = None, src: in
     entries = [c for c in checked if c is not None]
     if not entries:
         return PROC_NULL
-    works = pg.backend.batch_isend_irecv([entry for _, entry, _ in entries])
-    works = [work if buf is None else _written_back(work, buf)
-             for work, (_, _, buf) in zip(works, entries, strict=True)]
+    works = _written_back_all(pg.backend.batch_isend_irecv([entry for _, entry, _ in entries]),
+                              entries)
     try:
         for work in works:
             work.wait()

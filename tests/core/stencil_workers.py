@@ -102,3 +102,29 @@ def scalar_all_reduce(rank: int, world_size: int) -> dict[str, Any]:
         "bool_or": f.all_reduce(rank == 0, op=ReduceOp.MAX),
         "types": [type(f.all_reduce(1)).__name__, type(f.all_reduce(1.0)).__name__],
     }
+
+
+def mixed_batch(rank: int, world_size: int) -> dict[str, Any]:
+    """One batch across a ring of 3: ops on the world and on a subgroup of ranks 0 and 1, a
+    receive into a strided column, and ops on a subgroup of ranks 1 and 2 (not a member on
+    rank 0: those ops get no Work)."""
+    low = colls.new_group([0, 1])
+    high = colls.new_group([1, 2])
+    nxt, prev = (rank + 1) % world_size, (rank - 1) % world_size
+    column = np.zeros((3, 2))
+    got_low = np.zeros(2)
+    got_high = np.zeros(2)
+    ops = [colls.P2POp(colls.irecv, column[:, 1], prev, tag=3),
+           colls.P2POp(colls.isend, np.full(3, 10.0 * rank), nxt, tag=3)]
+    if rank in (0, 1):
+        other = 1 - rank
+        ops += [colls.P2POp(colls.irecv, got_low, other, group=low, tag=4),
+                colls.P2POp(colls.isend, np.full(2, 20.0 * rank), other, group=low, tag=4)]
+    ops += [colls.P2POp(colls.irecv, got_high, 3 - rank if rank else 1, group=high, tag=5),
+            colls.P2POp(colls.isend, np.full(2, 30.0 * rank), 3 - rank if rank else 1,
+                        group=high, tag=5)]
+    works = colls.batch_isend_irecv(ops)
+    for work in works:
+        work.wait()
+    return {"column": column.tolist(), "low": got_low.tolist(), "high": got_high.tolist(),
+            "works": len(works), "sender": works[0].source_rank()}

@@ -47,6 +47,22 @@ def test_a_halo_exchange_with_null_boundaries(backend: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_across_groups_with_a_strided_receive(backend: str) -> None:
+    n = 3
+    for rank, got in enumerate(_run(backend, w.mixed_batch, n)):
+        prev = (rank - 1) % n
+        assert got["column"] == [[0.0, 10.0 * prev]] * 3  # the column only
+        assert got["sender"] == prev
+        if rank in (0, 1):
+            assert got["low"] == [20.0 * (1 - rank)] * 2
+        if rank in (1, 2):
+            assert got["high"] == [30.0 * (3 - rank)] * 2
+        else:
+            assert got["high"] == [0.0, 0.0]  # not a member: untouched
+        assert got["works"] == {0: 4, 1: 6, 2: 4}[rank]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sendrecv_around_a_ring(backend: str) -> None:
     n = 3
     for rank, got in enumerate(_run(backend, w.ring, n)):
