@@ -174,6 +174,9 @@ class MpiBackend(Backend):
         The sends go first when every receive is of at most :data:`SENDS_FIRST_MAX_BYTES`:
         in an exchange each rank's message then has a moment to arrive before the matching
         receive is posted, which then completes at once, with no pending request to drive.
+        Those sends are tested after the receives are posted: a send past MPI's eager size
+        (8 KiB rows on MPICH) completes only once its peer receives, which the receives'
+        tests let MPI see, and a send complete by then needs no pending request either.
         Larger receives go first, so that MPI can place their messages straight in the
         buffer. Sends keep their order among themselves, and receives theirs, so matching is
         the same either way (the backend contract).
@@ -182,11 +185,21 @@ class MpiBackend(Backend):
                for kind, array, _peer, _tag in ops):
             return super().batch_isend_irecv(ops)
         works: list[Any] = [None] * len(ops)
-        for pass_kind in ("isend", "irecv"):
+        posted: list[tuple[int, Any]] = []  # (index, request) of the sends not tested yet
+        for i, (kind, array, peer, tag) in enumerate(ops):
+            if kind == "isend":
+                if type(array) is np.ndarray:
+                    posted.append((i, self._post_send(array, peer, tag)))
+                else:  # a device array, staged through the host
+                    works[i] = self.isend(array, peer, tag)
+        try:
             for i, (kind, array, peer, tag) in enumerate(ops):
-                if kind == pass_kind:
-                    works[i] = (self.isend(array, peer, tag) if kind == "isend"
-                                else self.irecv(array, peer, tag))
+                if kind != "isend":
+                    works[i] = self.irecv(array, peer, tag)
+        finally:  # also when a receive is refused: a posted send is never left untracked
+            for i, request in posted:
+                _kind, array, peer, tag = ops[i]
+                works[i] = self._track(request, array, "isend", peer, tag)
         return works
 
     @host_staged(outputs=())
@@ -197,12 +210,15 @@ class MpiBackend(Backend):
             ValueError: ``dst`` is out of range or ``tag`` exceeds MPI_TAG_UB.
             BackendError: the backend is closed or broken, or MPI refused the send.
         """
+        return self._track(self._post_send(array, dst, tag), array, "isend", dst, tag)
+
+    def _post_send(self, array: Any, dst: int, tag: int) -> Any:
+        """Post ``MPI_Isend`` of ``array``'s bytes to group rank ``dst``; return its request."""
         comm, mpi_tag = self._message_route("isend", dst, "dst", tag)
         try:
-            request = comm.Isend([array, self._BYTE], dst, mpi_tag)
+            return comm.Isend([array, self._BYTE], dst, mpi_tag)
         except self._MPI.Exception as exc:
             raise self._failure(message_text("isend", dst, tag), exc) from exc
-        return self._track(request, array, "isend", dst, tag)
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
         """Start ``MPI_Irecv`` into ``array`` from ``src`` (None: ``MPI_ANY_SOURCE``).

@@ -82,11 +82,12 @@ def test_a_batch_posts_small_receives_after_its_sends_and_matches_in_order() -> 
     results = run_mpi(w.batch_order, 3, timeout=60)
     for rank, result in enumerate(results):
         prv = (rank - 1) % 3
-        for name in ("small", "large"):
+        for name in ("small", "medium", "large"):
             assert result[name]["got"] == [prv * 10 + 1.0, prv * 10 + 2.0, prv * 10 + 3.0], name
             assert result[name]["whole"], name
             assert result[name]["senders"] == [prv, prv, prv], name
         assert result["small"]["posted"] == ["isend"] * 3 + ["irecv"] * 3
+        assert result["medium"]["posted"] == ["isend"] * 3 + ["irecv"] * 3
         assert result["large"]["posted"] == ["irecv", "isend", "irecv", "isend", "isend", "irecv"]
 
 
