@@ -2,14 +2,16 @@
 
 One iteration of examples/heat2d.py without the stencil: a two-row halo exchange (the first and
 last interior rows of a slab to the neighbours above and below, ``PROC_NULL`` at the domain's
-edges) and the residual's all_reduce of one float64. Three ways, at N x N grids split into slabs
+edges) and the residual's all_reduce of one float64. Four ways, at N x N grids split into slabs
 of N/p rows (a row is N float64s: 2 KiB at 256, 8 KiB at 1024, 32 KiB at 4096):
 
 * mpi4py: ``comm.Sendrecv`` twice and ``comm.Allreduce(IN_PLACE, ...)`` (under mpiexec);
 * colls on mpi: ``batch_isend_irecv`` of the four P2POps, wait, ``colls.all_reduce`` of a
   one-element array (under mpiexec, in the same processes as mpi4py, interleaved trial by
   trial);
-* colls on tcp: the same colls code under colls-run.
+* colls on tcp: the same colls code under colls-run;
+* "prepared": the same exchange checked once by ``batch_isend_irecv_init`` and started each
+  iteration (MPI persistent requests on mpi), on both backends.
 
 The driver starts ``mpiexec -n p`` and ``colls-run --nproc-per-node p`` for each p and prints
 microseconds per iteration (median over trials of the slowest rank) and the ratios to mpi4py.
@@ -49,6 +51,27 @@ def _colls_iteration(u: np.ndarray, up: int, down: int, res: np.ndarray) -> Call
 
     def iteration() -> None:
         exchange_halos(u, up, down)
+        res[0] = 1.0
+        colls.all_reduce(res)
+
+    return iteration
+
+
+def _prepared_iteration(u: np.ndarray, up: int, down: int, res: np.ndarray
+                        ) -> Callable[[], None]:
+    """The same exchange prepared once (``batch_isend_irecv_init``), started each iteration."""
+    import colls
+
+    halo = colls.batch_isend_irecv_init([
+        colls.P2POp(colls.irecv, u[0], up, tag=1),
+        colls.P2POp(colls.irecv, u[-1], down, tag=0),
+        colls.P2POp(colls.isend, u[1], up, tag=0),
+        colls.P2POp(colls.isend, u[-2], down, tag=1),
+    ])
+
+    def iteration() -> None:
+        for work in halo.start():
+            work.wait()
         res[0] = 1.0
         colls.all_reduce(res)
 
@@ -105,7 +128,8 @@ def worker(mode: str, grids: list[int], trials: int) -> None:
 
     for n in grids:
         u, res = _slab(n, rank, size), np.zeros(1)
-        calls = {"colls": _colls_iteration(u, up, down, res)}
+        calls = {"colls": _colls_iteration(u, up, down, res),
+                 "colls-init": _prepared_iteration(u, up, down, res)}
         if comm is not None:
             mpi_up = MPI.PROC_NULL if rank == 0 else rank - 1
             mpi_down = MPI.PROC_NULL if rank == size - 1 else rank + 1
@@ -125,7 +149,7 @@ def worker(mode: str, grids: list[int], trials: int) -> None:
             assert np.all(u[-1] == rank + 2), "halo from below"
         if rank == 0:
             for name, values in samples.items():
-                label = f"colls-{mode}" if name == "colls" else name
+                label = name.replace("colls", f"colls-{mode}") if "colls" in name else name
                 record = {"way": label, "procs": size, "grid": n,
                           "us": statistics.median(values)}
                 print(RESULT_PREFIX + json.dumps(record), flush=True)
@@ -172,15 +196,17 @@ def main() -> None:
     table = {(r["way"], r["procs"], r["grid"]): r["us"] for r in results}
     print("Communication per heat iteration (two-row halo + residual all_reduce), us per "
           "iteration, median of the slowest rank; ratio = colls / mpi4py")
-    print("| grid | ranks | mpi4py | colls on mpi | ratio | colls on tcp | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    ways = [("colls-mpi", "mpi, batch"), ("colls-mpi-init", "mpi, prepared"),
+            ("colls-tcp", "tcp, batch"), ("colls-tcp-init", "tcp, prepared")]
+    print("| grid | ranks | mpi4py | " + " | ".join(f"colls {name} | ratio" for _, name in ways)
+          + " |")
+    print("|---|---:|---:|" + "---:|---:|" * len(ways))
     for p in args.procs:
         for n in args.grids:
             base = table[("mpi4py", p, n)]
-            on_mpi, on_tcp = table[("colls-mpi", p, n)], table[("colls-tcp", p, n)]
-            print(f"| {n}x{n} | {p} | {base:.1f} | {on_mpi:.1f} | {on_mpi / base:.2f} | "
-                  f"{on_tcp:.1f} | {on_tcp / base:.2f} |")
-
+            cells = [f"{table[(way, p, n)]:.1f} | {table[(way, p, n)] / base:.2f}"
+                     for way, _ in ways]
+            print(f"| {n}x{n} | {p} | {base:.1f} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()

@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "isend": "colls.p2p",
     "irecv": "colls.p2p",
     "batch_isend_irecv": "colls.p2p",
+    "batch_isend_irecv_init": "colls.p2p",
+    "P2PBatch": "colls.p2p",
     "P2POp": "colls.p2p",
     "sendrecv": "colls.p2p",
     "PROC_NULL": "colls.p2p",

@@ -80,6 +80,27 @@ def every_rank_has_a_core(ranks_on_host: int) -> bool:
     return ranks_on_host <= available_cores()
 
 
+class PreparedBatch:
+    """A batch prepared by :meth:`Backend.batch_isend_irecv_init`: :meth:`start` starts its ops
+    and returns their Works in order; :meth:`free` releases what preparing took.
+
+    This default holds the checked ops and starts them through the backend's
+    :meth:`Backend.batch_isend_irecv` each time.
+    """
+
+    def __init__(self, backend: Backend, ops: Sequence[tuple[str, Array, int | None, int]]
+                 ) -> None:
+        self._start = backend.batch_isend_irecv
+        self._ops = list(ops)
+
+    def start(self) -> list[Work]:
+        """Start every op of the batch; return their Works in the batch's order."""
+        return self._start(self._ops)
+
+    def free(self) -> None:
+        """Release what the batch holds (nothing here)."""
+
+
 class Backend(ABC):
     """A transport serving one process group (see the module docstring for the contract)."""
 
@@ -155,6 +176,16 @@ class Backend(ABC):
             self.isend(array, peer, tag) if kind == "isend" else self.irecv(array, peer, tag)
             for kind, array, peer, tag in ops
         ]
+
+    def batch_isend_irecv_init(self, ops: Sequence[tuple[str, Array, int | None, int]]
+                               ) -> PreparedBatch:
+        """Prepare a checked batch (as :meth:`batch_isend_irecv` takes it) to be started many
+        times (:func:`colls.batch_isend_irecv_init`); every array is a C-contiguous NumPy array.
+
+        The default starts it through :meth:`batch_isend_irecv` each time. A backend with
+        persistent operations overrides it (mpi: MPI persistent requests, started together).
+        """
+        return PreparedBatch(self, ops)
 
     def close(self) -> None:  # noqa: B027 - optional hook: a backend without resources has none
         """Release connections and threads. Idempotent."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import numpy as np
+
 from colls import _fast_path as fast
 from colls import dispatch as d
 from colls import flight_recorder as fr
@@ -308,13 +310,27 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     go to its backend together (:meth:`colls.backend.Backend.batch_isend_irecv`: nccl launches
     them as one NCCL group).
     """
+    works, checked, places = _checked_batch(p2p_op_list)
+    if checked:
+        for place, work in zip(places, _start_batch(checked), strict=True):
+            works[place] = work
+    return works
+
+
+_Checked = tuple[ProcessGroup, tuple[str, Any, "int | None", int], "Buffer | None"]
+
+
+def _checked_batch(p2p_op_list: Any) -> tuple[list[Any], list[_Checked], list[int]]:
+    """Check every op of a batch; return (Works, checked ops, their places among the Works).
+
+    One pass, as lean as it can be (a halo exchange's four ops take it every iteration): a
+    null-peer op's Work is complete at once and is in the list already; each checked op has
+    None at its place, for the Work its start returns. Non-members' ops get no place.
+    """
     if not isinstance(p2p_op_list, (list, tuple)):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type ``P2POp``.")
-    # One pass, as lean as it can be (a halo exchange's four ops take it every iteration): a
-    # null-peer op's Work is complete at once; the others are checked, every one before any
-    # starts, and their places in the result kept. Non-members' ops get no Work.
     works: list[Any] = []
-    checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, int], Buffer | None]] = []
+    checked: list[_Checked] = []
     places: list[int] = []
     for p in p2p_op_list:
         if type(p) is not P2POp and not isinstance(p, P2POp):
@@ -331,10 +347,109 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
             places.append(len(works))
             works.append(None)
             checked.append(entry)
-    if checked:
-        for place, work in zip(places, _start_batch(checked), strict=True):
-            works[place] = work
-    return works
+    return works, checked, places
+
+
+def batch_isend_irecv_init(p2p_op_list: list[P2POp]) -> P2PBatch:
+    """Check a batch of ``P2POp`` once, to start it many times: MPI's persistent requests.
+
+    mpi4py's ``comm.Send_init`` / ``comm.Recv_init`` and ``MPI.Prequest.Startall``: a halo
+    exchange that moves the same rows every iteration checks its ops here, once, and each
+    :meth:`P2PBatch.start` only moves the data (the mpi backend starts MPI persistent requests).
+    The arrays are bound now and read (or written) at every start, so they must stay the
+    arrays to exchange. Errors in the ops are raised here, as :func:`batch_isend_irecv`
+    raises them; nothing is started.
+    """
+    works, checked, places = _checked_batch(p2p_op_list)
+    return P2PBatch(list(p2p_op_list), works, checked, places)
+
+
+class P2PBatch:
+    """A batch of point-to-point ops checked once and started many times
+    (:func:`batch_isend_irecv_init`).
+
+    Each :meth:`start` starts every op, as :func:`batch_isend_irecv` would, and returns their
+    Works in the batch's order. As with MPI's persistent requests, an op must have completed
+    before the batch starts again (wait on the Works), and :meth:`free` (or leaving a ``with``
+    block) releases what the backend holds for it. A batch of one group whose arrays are
+    NumPy arrays the backend takes as they are is prepared by that backend
+    (:meth:`colls.backend.Backend.batch_isend_irecv_init`); any other (several groups, a
+    strided array, which needs a packing copy at each start, a device array) is checked
+    again at each start by :func:`batch_isend_irecv`.
+    """
+
+    __slots__ = ("_ops", "_template", "_places", "_group", "_prepared", "_last", "_freed")
+
+    def __init__(self, ops: list[P2POp], works: list[Any], checked: list[_Checked],
+                 places: list[int]) -> None:
+        self._ops = ops  # holds the arrays: they are read and written at every start
+        self._template = works
+        self._places = places
+        self._group: ProcessGroup | None = None
+        self._prepared: Any = None
+        self._last: list[Work] = []
+        self._freed = False
+        groups = {id(pg) for pg, _, _ in checked}
+        if len(groups) == 1 and all(buf is None and type(entry[1]) is np.ndarray
+                                    for _, entry, buf in checked):
+            self._group = checked[0][0]
+            self._prepared = self._group.backend.batch_isend_irecv_init(
+                [entry for _, entry, _ in checked])
+
+    def start(self) -> list[Work]:
+        """Start every op; return their Works in the batch's order.
+
+        Raises:
+            ValueError: the batch was freed, or an op of the previous start has not completed.
+            BackendError: a group of the batch is broken or its backend closed.
+        """
+        if self._freed:
+            raise ValueError("P2PBatch.start: the batch was freed")
+        self._check_completed("start")
+        pg = self._group
+        if self._prepared is None:
+            works = batch_isend_irecv(self._ops) if self._places else list(self._template)
+        else:
+            d.resolve_group(pg)  # raises once the group is destroyed
+            pg.health.check("batch_isend_irecv")
+            works = list(self._template)
+            for place, work in zip(self._places, self._prepared.start(), strict=True):
+                works[place] = work
+        self._last = works
+        return works
+
+    def free(self) -> None:
+        """Release what the backend holds for the batch (MPI_Request_free). Idempotent.
+
+        Raises:
+            ValueError: an op of the last start has not completed.
+        """
+        if not self._freed:
+            self._check_completed("free")
+            self._freed = True
+            if self._prepared is not None:
+                self._prepared.free()
+
+    def _check_completed(self, call: str) -> None:
+        """Raise unless every op of the last start has completed (MPI's rule for restarting
+        or freeing a persistent request)."""
+        last = self._last
+        for place in self._places:  # the null peers' Works are complete from the start
+            if last and not last[place].is_completed():
+                raise ValueError(
+                    f"P2PBatch.{call}: an op of the previous start has not completed; wait on "
+                    "its Works first (as MPI requires of a persistent request)")
+
+    def __enter__(self) -> P2PBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else "prepared" if self._prepared is not None else \
+            "checked at each start"
+        return f"<P2PBatch of {len(self._ops)} ops, {state}>"
 
 
 def _start_batch(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, int],

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from colls.backend import Backend, every_rank_has_a_core
+from colls.backend import Backend, PreparedBatch, every_rank_has_a_core
 from colls.completion import Completion
 from colls.errors import BackendError, BackendUnavailableError, CollsTimeoutError
 from colls.fingerprint import SIGNATURE_BITS, CollectiveMismatchError, describe_tag
@@ -41,6 +41,7 @@ from colls_plugins.mpi import communicators, runtime, ulfm
 from colls_plugins.mpi.agreement import Agreement
 from colls_plugins.mpi.communicators import check_ranks, communicator
 from colls_plugins.mpi.datatypes import ReductionTable
+from colls_plugins.mpi.persistent import PersistentBatch
 from colls_plugins.mpi.progress import YIELD_AFTER_TESTS, Pending, Progress
 from colls_plugins.mpi.staging import (
     copy_back_when_done,
@@ -70,6 +71,8 @@ CLOSE_POLL_S: Final = 1e-3
 #: MpiBackend.batch_isend_irecv): a message this small waits in MPI's unexpected queue at the
 #: cost of one small copy, where a large one would be held or copied whole.
 SENDS_FIRST_MAX_BYTES: Final = 64 << 10
+#: What errors call the start of a prepared batch (colls.batch_isend_irecv_init).
+PERSISTENT_START: Final = "start of a batch_isend_irecv_init batch"
 
 _tables: dict[int, ReductionTable] = {}
 _live: weakref.WeakSet[MpiBackend] = weakref.WeakSet()
@@ -201,6 +204,48 @@ class MpiBackend(Backend):
                 _kind, array, peer, tag = ops[i]
                 works[i] = self._track(request, array, "isend", peer, tag)
         return works
+
+    def batch_isend_irecv_init(self, ops: Sequence[tuple[str, Any, int | None, int]]
+                               ) -> PreparedBatch:
+        """Prepare a batch as MPI persistent requests, started together at every start
+        (:mod:`colls_plugins.mpi.persistent`); sends first when :meth:`batch_isend_irecv`
+        would post them first."""
+        if any(type(array) is not np.ndarray for _kind, array, _peer, _tag in ops):
+            return super().batch_isend_irecv_init(ops)  # device arrays: staged at each start
+        sends_first = all(kind == "isend" or array.nbytes <= SENDS_FIRST_MAX_BYTES
+                          for kind, array, _peer, _tag in ops)
+        return PersistentBatch(ops, sends_first, make_request=self._persistent_request,
+                               start_all=self._start_all, track=self._track,
+                               free_requests=self._free_requests)
+
+    def _persistent_request(self, kind: str, array: np.ndarray, peer: int | None, tag: int
+                            ) -> Any:
+        """Return an inactive ``MPI_Send_init`` or ``MPI_Recv_init`` request of one op."""
+        comm, mpi_tag = self._message_route(kind, peer, "dst" if kind == "isend" else "src", tag)
+        try:
+            if kind == "isend":
+                return comm.Send_init([array, self._BYTE], peer, mpi_tag)
+            return comm.Recv_init([array, self._BYTE], self._ANY_SOURCE if peer is None else peer,
+                                  mpi_tag)
+        except self._MPI.Exception as exc:
+            raise self._failure(message_text(kind, peer, tag), exc) from exc
+
+    def _start_all(self, requests: list[Any]) -> None:
+        """``MPI_Startall`` of a prepared batch's requests, on a usable backend."""
+        if self._broken is not None or self._closed:
+            self._check_usable(PERSISTENT_START)
+        try:
+            self._MPI.Prequest.Startall(requests)
+        except self._MPI.Exception as exc:
+            raise self._failure(PERSISTENT_START, exc) from exc
+
+    def _free_requests(self, requests: list[Any]) -> None:
+        """Free a prepared batch's requests, unless the backend is closed (MPI_Finalize frees
+        what is left)."""
+        if self._closed or self._MPI.Is_finalized():
+            return
+        for request in requests:
+            request.Free()
 
     @host_staged(outputs=())
     def isend(self, array: Any, dst: int, tag: int) -> Work:

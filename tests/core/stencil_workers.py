@@ -128,3 +128,69 @@ def mixed_batch(rank: int, world_size: int) -> dict[str, Any]:
         work.wait()
     return {"column": column.tolist(), "low": got_low.tolist(), "high": got_high.tolist(),
             "works": len(works), "sender": works[0].source_rank()}
+
+
+def persistent_ring(rank: int, world_size: int) -> dict[str, Any]:
+    """A batch prepared once (batch_isend_irecv_init) and started five times around a ring:
+    contiguous rows (prepared by the backend) and, in a second batch, strided columns (checked
+    again at each start); the arrays are read and written at every start."""
+    nxt, prev = (rank + 1) % world_size, (rank - 1) % world_size
+    row_out, row_in = np.zeros(3), np.zeros(3)
+    grid_out, grid_in = np.zeros((3, 4)), np.full((3, 4), -1.0)
+    rows = colls.batch_isend_irecv_init([
+        colls.P2POp(colls.irecv, row_in, prev, tag=1),
+        colls.P2POp(colls.isend, row_out, nxt, tag=1),
+        colls.P2POp(colls.isend, row_out, PROC_NULL),
+    ])
+    columns = colls.batch_isend_irecv_init([
+        colls.P2POp(colls.isend, grid_out[:, 2], nxt, tag=2),
+        colls.P2POp(colls.irecv, grid_in[:, 1], prev, tag=2),
+    ])
+    out: dict[str, Any] = {"repr": [repr(rows), repr(columns)], "rows": [], "columns": [],
+                           "senders": []}
+    for start in range(5):
+        row_out[:] = 100 * rank + start
+        grid_out[:, 2] = 1000 * rank + start
+        works = rows.start()
+        for work in works + columns.start():
+            work.wait()
+        out["rows"].append(row_in.tolist())
+        out["columns"].append(grid_in.tolist())
+        out["senders"].append(works[0].source_rank())
+        out["null_works"] = works[2].is_completed()
+    rows.free()
+    with columns:
+        pass
+    try:
+        rows.start()
+    except ValueError as exc:
+        out["after_free"] = str(exc)
+    return out
+
+
+def persistent_misuse(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0 starts a batch whose receive has no message yet, then starts (and frees) it
+    again too early; rank 1 sends only after a barrier. A bad op is refused at init."""
+    out: dict[str, Any] = {}
+    got = np.zeros(2)
+    if rank == 0:
+        batch = colls.batch_isend_irecv_init([colls.P2POp(colls.irecv, got, 1, tag=7)])
+        works = batch.start()
+        for call in (batch.start, batch.free):
+            try:
+                call()
+            except ValueError as exc:
+                out[call.__name__] = str(exc)
+        colls.barrier()
+        works[0].wait()
+        out["got"] = got.tolist()
+        batch.free()
+    else:
+        colls.barrier()
+        colls.send(np.array([3.0, 4.0]), 0, tag=7)
+    try:
+        colls.batch_isend_irecv_init([colls.P2POp(colls.isend, got, 1 - rank, tag=-1)])
+    except ValueError as exc:
+        out["bad_tag"] = str(exc)
+    colls.barrier()
+    return out

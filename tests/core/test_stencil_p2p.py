@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import stencil_workers as w
 from _support import TCP_AND_MPI
@@ -60,6 +61,33 @@ def test_a_batch_across_groups_with_a_strided_receive(backend: str) -> None:
         else:
             assert got["high"] == [0.0, 0.0]  # not a member: untouched
         assert got["works"] == {0: 4, 1: 6, 2: 4}[rank]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_prepared_batch_moves_the_arrays_current_values_at_every_start(backend: str) -> None:
+    n = 3
+    for rank, got in enumerate(_run(backend, w.persistent_ring, n)):
+        prev = (rank - 1) % n
+        assert got["repr"] == ["<P2PBatch of 3 ops, prepared>",
+                               "<P2PBatch of 2 ops, checked at each start>"]
+        for start in range(5):
+            assert got["rows"][start] == [100.0 * prev + start] * 3
+            column = np.full((3, 4), -1.0)
+            column[:, 1] = 1000 * prev + start  # the strided receive wrote its column only
+            assert got["columns"][start] == column.tolist()
+        assert got["senders"] == [prev] * 5 and got["null_works"]
+        assert "freed" in got["after_free"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_prepared_batch_refuses_a_restart_or_free_before_its_ops_complete(backend: str
+                                                                             ) -> None:
+    results = _run(backend, w.persistent_misuse, 2)
+    for call in ("start", "free"):
+        assert "previous start has not completed" in results[0][call]
+    assert results[0]["got"] == [3.0, 4.0]
+    for result in results:
+        assert "tag" in result["bad_tag"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
