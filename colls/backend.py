@@ -80,13 +80,21 @@ def every_rank_has_a_core(ranks_on_host: int) -> bool:
     return ranks_on_host <= available_cores()
 
 
-class PreparedBatch:
+class PreparedBatch(ABC):
     """A batch prepared by :meth:`Backend.batch_isend_irecv_init`: :meth:`start` starts its ops
-    and returns their Works in order; :meth:`free` releases what preparing took.
+    and returns their Works in order; :meth:`free` releases what preparing took."""
 
-    This default holds the checked ops and starts them through the backend's
-    :meth:`Backend.batch_isend_irecv` each time.
-    """
+    @abstractmethod
+    def start(self) -> list[Work]:
+        """Start every op of the batch; return their Works in the batch's order."""
+
+    def free(self) -> None:  # noqa: B027 - optional: a batch that holds nothing frees nothing
+        """Release what the batch holds."""
+
+
+class RestartedBatch(PreparedBatch):
+    """The default prepared batch: the checked ops, started through the backend's
+    :meth:`Backend.batch_isend_irecv` each time."""
 
     def __init__(self, backend: Backend, ops: Sequence[tuple[str, Array, int | None, int]]
                  ) -> None:
@@ -96,9 +104,6 @@ class PreparedBatch:
     def start(self) -> list[Work]:
         """Start every op of the batch; return their Works in the batch's order."""
         return self._start(self._ops)
-
-    def free(self) -> None:
-        """Release what the batch holds (nothing here)."""
 
 
 class Backend(ABC):
@@ -185,7 +190,7 @@ class Backend(ABC):
         The default starts it through :meth:`batch_isend_irecv` each time. A backend with
         persistent operations overrides it (mpi: MPI persistent requests, started together).
         """
-        return PreparedBatch(self, ops)
+        return RestartedBatch(self, ops)
 
     def close(self) -> None:  # noqa: B027 - optional hook: a backend without resources has none
         """Release connections and threads. Idempotent."""

@@ -28,7 +28,7 @@ import numpy as np
 from colls import env
 from colls.algorithms import hierarchical, select
 from colls.algorithms.hosts import HostMap
-from colls.backend import Backend, every_rank_has_a_core
+from colls.backend import Backend, PreparedBatch, every_rank_has_a_core
 from colls.staging import stage_cuda
 from colls_plugins.tcp._frames import HOLD_TAG, MAX_TAG
 from colls_plugins.tcp._scratch import ScratchArena
@@ -205,6 +205,14 @@ class TcpBackend(Backend):
             works[i] = (engine.irecv(array, peer, tag) if type(array) is np.ndarray
                         else self.irecv(array, peer, tag))
         return works
+
+    def batch_isend_irecv_init(self, ops: Sequence[tuple[str, Any, int | None, int]]
+                               ) -> PreparedBatch:
+        """Prepare a batch whose messages all go through host peers' rings as the engine's
+        :class:`~colls_plugins.tcp.engine.RingBatch` (channels, sizes and flags looked at
+        once); any other batch is started through :meth:`batch_isend_irecv` each time."""
+        batch = self._engine.ring_batch(ops)
+        return batch if batch is not None else super().batch_isend_irecv_init(ops)
 
     # -- collectives: shared memory on one host, two levels across hosts ----------------------
     def _shm_for(self, collective: str) -> ShmGroup | None:

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from colls import env
+from colls.backend import PreparedBatch
 from colls.errors import BackendError, CollsError, NetworkError
 from colls.matching import Message, RecvOp, copy_bytes
 from colls.work import Work
@@ -419,6 +420,38 @@ class Engine:
         """
         self._hosts.use(channels)
 
+    def ring_batch(self, ops: Sequence[tuple[str, Any, int | None, int]]) -> RingBatch | None:
+        """Return a :class:`RingBatch` of checked ``ops`` whose messages all go through host
+        peers' rings (C-contiguous NumPy arrays of at most a ring's inline size), or None."""
+        sends: list[tuple[int, Channel, int, np.ndarray, int]] = []
+        receives: list[tuple[int, Channel, int, np.ndarray, int, _RecvDescription]] = []
+        for i, (kind, array, peer, tag) in enumerate(ops):
+            if peer is None or not self._hosts.serves(peer, array.nbytes) \
+                    or array.nbytes > self._max_message or not array.flags.c_contiguous:
+                return None
+            channel = self._channel_for(peer)
+            if channel is None:
+                return None
+            if kind == "isend":
+                sends.append((i, channel, peer, array, tag))
+            elif array.flags.writeable:
+                receives.append((i, channel, peer, array, tag, _RecvDescription(peer, tag)))
+            else:
+                return None
+        return RingBatch(self, len(ops), sends, receives)
+
+    def ring_isend(self, channel: Channel, dst: int, array: np.ndarray, tag: int) -> Work:
+        """:meth:`isend` of a message a ring serves, its channel known (:class:`RingBatch`)."""
+        if self._ring_send(channel, dst, array, tag):
+            return self._delivered
+        return self.isend(array, dst, tag)  # no room, or refused: isend says what happens
+
+    def ring_irecv(self, channel: Channel, src: int, array: np.ndarray, tag: int,
+                   description: Any) -> Work:
+        """:meth:`irecv` of a message a ring serves, its channel known (:class:`RingBatch`)."""
+        work = self._deferred.take_or_defer(channel, array, tag, description)
+        return work if work is not None else self.irecv(array, src, tag)
+
     def ring_serves(self, src: int | None, nbytes: int) -> bool:
         """Whether a user message of ``nbytes`` from ``src`` comes through a host peer's ring."""
         return self._hosts.serves(src, nbytes)
@@ -779,3 +812,32 @@ class Engine:
                 pending.extend(self._rx_pending(peer))
             pending.extend(self._table.remove_all())
         return pending
+
+
+class RingBatch(PreparedBatch):
+    """A batch whose messages all go through host peers' rings, prepared once
+    (:meth:`Engine.ring_batch`; ``colls.batch_isend_irecv_init``): each start writes the sends
+    and takes (or leaves to their waiters) the receives as :meth:`Engine.isend` and
+    :meth:`Engine.irecv` would, without looking up the channels, sizes and flags again. Sends
+    go first, as the backend's batch of such messages does.
+    """
+
+    def __init__(self, engine: Engine, count: int,
+                 sends: list[tuple[int, Channel, int, np.ndarray, int]],
+                 receives: list[tuple[int, Channel, int, np.ndarray, int, Any]]) -> None:
+        self._engine = engine
+        self._count = count
+        self._sends = sends
+        self._receives = receives
+
+    def start(self) -> list[Work]:
+        """Start every op; return their Works in the batch's order."""
+        works: list[Any] = [None] * self._count
+        send = self._engine.ring_isend
+        for i, channel, dst, array, tag in self._sends:
+            works[i] = send(channel, dst, array, tag)
+        receive = self._engine.ring_irecv
+        for i, channel, src, array, tag, description in self._receives:
+            works[i] = receive(channel, src, array, tag, description)
+        return works
+
