@@ -389,9 +389,7 @@ class P2PBatch:
         self._prepared: Any = None
         self._last: list[Work] = []
         self._freed = False
-        groups = {id(pg) for pg, _, _ in checked}
-        if len(groups) == 1 and all(buf is None and type(entry[1]) is np.ndarray
-                                    for _, entry, buf in checked):
+        if len({id(pg) for pg, _, _ in checked}) == 1 and _in_place(ops, checked):
             self._group = checked[0][0]
             self._prepared = self._group.backend.batch_isend_irecv_init(
                 [entry for _, entry, _ in checked])
@@ -452,8 +450,21 @@ class P2PBatch:
         return f"<P2PBatch of {len(self._ops)} ops, {state}>"
 
 
-def _start_batch(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, int],
-                                     Buffer | None]]) -> list[Work]:
+def _in_place(ops: list[P2POp], checked: list[_Checked]) -> bool:
+    """Whether every checked op moves the memory of a C-contiguous NumPy array of ``ops``
+    itself: not a packed copy (a strided send), not a staging buffer (a strided receive), not
+    a device array. Such a batch can be started many times from what was checked once."""
+    addresses = {_address(p.tensor) for p in ops
+                 if type(p.tensor) is np.ndarray and p.tensor.flags.c_contiguous}
+    return all(buf is None and type(entry[1]) is np.ndarray and _address(entry[1]) in addresses
+               for _, entry, buf in checked)
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _start_batch(checked: list[_Checked]) -> list[Work]:
     """Start the checked ops of a batch, each group's on its backend in one call; return their
     Works in order (a staged receive's followed by its copy back)."""
     group = checked[0][0]
@@ -469,8 +480,7 @@ def _start_batch(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, i
     return _written_back_all(works, checked) if staged else works
 
 
-def _start_batch_by_group(checked: list[tuple[ProcessGroup, tuple[str, Any, int | None, int],
-                                              Buffer | None]]) -> list[Work]:
+def _start_batch_by_group(checked: list[_Checked]) -> list[Work]:
     """:func:`_start_batch` for the ops of several groups: each group's go to its backend in
     one call."""
     works: list[Any] = [None] * len(checked)

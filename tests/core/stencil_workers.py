@@ -146,16 +146,23 @@ def persistent_ring(rank: int, world_size: int) -> dict[str, Any]:
         colls.P2POp(colls.isend, grid_out[:, 2], nxt, tag=2),
         colls.P2POp(colls.irecv, grid_in[:, 1], prev, tag=2),
     ])
-    out: dict[str, Any] = {"repr": [repr(rows), repr(columns)], "rows": [], "columns": [],
-                           "senders": []}
+    packed_in = np.zeros(3)
+    strided_send = colls.batch_isend_irecv_init([  # a packed copy: made again at each start
+        colls.P2POp(colls.isend, grid_out[:, 3], nxt, tag=3)])
+    packed_receive = colls.batch_isend_irecv_init(
+        [colls.P2POp(colls.irecv, packed_in, prev, tag=3)])
+    out: dict[str, Any] = {"repr": [repr(rows), repr(columns), repr(strided_send)],
+                           "rows": [], "columns": [], "packed": [], "senders": []}
     for start in range(5):
         row_out[:] = 100 * rank + start
         grid_out[:, 2] = 1000 * rank + start
+        grid_out[:, 3] = 2000 * rank + start
         works = rows.start()
-        for work in works + columns.start():
+        for work in works + columns.start() + strided_send.start() + packed_receive.start():
             work.wait()
         out["rows"].append(row_in.tolist())
         out["columns"].append(grid_in.tolist())
+        out["packed"].append(packed_in.tolist())
         out["senders"].append(works[0].source_rank())
         out["null_works"] = works[2].is_completed()
     rows.free()

@@ -69,12 +69,14 @@ def test_a_prepared_batch_moves_the_arrays_current_values_at_every_start(backend
     for rank, got in enumerate(_run(backend, w.persistent_ring, n)):
         prev = (rank - 1) % n
         assert got["repr"] == ["<P2PBatch of 3 ops, prepared>",
-                               "<P2PBatch of 2 ops, checked at each start>"]
+                               "<P2PBatch of 2 ops, checked at each start>",
+                               "<P2PBatch of 1 ops, checked at each start>"]
         for start in range(5):
             assert got["rows"][start] == [100.0 * prev + start] * 3
             column = np.full((3, 4), -1.0)
             column[:, 1] = 1000 * prev + start  # the strided receive wrote its column only
             assert got["columns"][start] == column.tolist()
+            assert got["packed"][start] == [2000.0 * prev + start] * 3  # this start's column
         assert got["senders"] == [prev] * 5 and got["null_works"]
         assert "freed" in got["after_free"]
 
