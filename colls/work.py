@@ -111,7 +111,9 @@ class Work:
         future = self._future
         # A finished host operation (a halo exchange's sends, its receives taken at once):
         # nothing to wait for, raise or order (a Future's own result() costs two more calls).
-        if future._state == FINISHED and future._exception is None and self._fence is None:
+        # A timeout given is still checked by _value.
+        if future._state == FINISHED and future._exception is None and self._fence is None \
+                and timeout is None:
             return True
         self._value(timeout)
         return True

@@ -189,17 +189,17 @@ class MpiBackend(Backend):
             return super().batch_isend_irecv(ops)
         works: list[Any] = [None] * len(ops)
         posted: list[tuple[int, Any]] = []  # (index, request) of the sends not tested yet
-        for i, (kind, array, peer, tag) in enumerate(ops):
-            if kind == "isend":
-                if type(array) is np.ndarray:
-                    posted.append((i, self._post_send(array, peer, tag)))
-                else:  # a device array, staged through the host
-                    works[i] = self.isend(array, peer, tag)
         try:
+            for i, (kind, array, peer, tag) in enumerate(ops):
+                if kind == "isend":
+                    if type(array) is np.ndarray:
+                        posted.append((i, self._post_send(array, peer, tag)))
+                    else:  # a device array, staged through the host
+                        works[i] = self.isend(array, peer, tag)
             for i, (kind, array, peer, tag) in enumerate(ops):
                 if kind != "isend":
                     works[i] = self.irecv(array, peer, tag)
-        finally:  # also when a receive is refused: a posted send is never left untracked
+        finally:  # also when an op is refused: a posted send is never left untracked
             for i, request in posted:
                 _kind, array, peer, tag = ops[i]
                 works[i] = self._track(request, array, "isend", peer, tag)
