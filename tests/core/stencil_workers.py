@@ -177,7 +177,8 @@ def persistent_ring(rank: int, world_size: int) -> dict[str, Any]:
 
 def persistent_misuse(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 0 starts a batch whose receive has no message yet, then starts (and frees) it
-    again too early; rank 1 sends only after a barrier. A bad op is refused at init."""
+    again too early; rank 1 sends only after a barrier. A bad op is refused at init, and a
+    batch of a destroyed group is refused at its start."""
     out: dict[str, Any] = {}
     got = np.zeros(2)
     if rank == 0:
@@ -199,5 +200,11 @@ def persistent_misuse(rank: int, world_size: int) -> dict[str, Any]:
         colls.batch_isend_irecv_init([colls.P2POp(colls.isend, got, 1 - rank, tag=-1)])
     except ValueError as exc:
         out["bad_tag"] = str(exc)
+    kept = colls.batch_isend_irecv_init([colls.P2POp(colls.isend, got, 1 - rank, tag=8)])
     colls.barrier()
+    colls.destroy_process_group()
+    try:
+        kept.start()
+    except ValueError as exc:
+        out["destroyed"] = str(exc)
     return out

@@ -90,6 +90,7 @@ def test_a_prepared_batch_refuses_a_restart_or_free_before_its_ops_complete(back
     assert results[0]["got"] == [3.0, 4.0]
     for result in results:
         assert "tag" in result["bad_tag"]
+        assert "destroyed" in result["destroyed"]  # nothing started on a destroyed group
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
