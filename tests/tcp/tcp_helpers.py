@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from _support import on_threads
 
 from colls import algorithms
@@ -15,6 +16,7 @@ from colls.options import BackendOptions
 from colls.store import HashStore, PrefixStore
 from colls.store.base import Store
 from colls_plugins.tcp.backend import TcpBackend
+from colls_plugins.tcp.shm import setup as shm_setup
 
 #: Why a test of the compiled shared-memory hot loop is skipped where the extension is missing
 #: (here, not in conftest.py: ``from conftest import`` picks whichever conftest came first when
@@ -23,6 +25,13 @@ NOT_BUILT = "the optional extension is not built (no compiler)"
 
 #: Seconds a test waits for a Work or a condition.
 WAIT = 20.0
+
+#: Skips a module that needs shared memory between ranks where the host has none (COLLS_SHM=0
+#: still runs it: the tests turn shared memory on themselves).
+NEEDS_SHM = pytest.mark.skipif(
+    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
+    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
+)
 
 
 def options(world_size: int, timeout: float = 30.0, name: str = "g") -> BackendOptions:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _support import on_threads
+from tcp_helpers import NEEDS_SHM
 from test_shm_tiny import _fold_inputs, _reduce, _reference
 
 from colls import dtypes, fingerprint
@@ -17,13 +18,9 @@ from colls.errors import BackendError
 from colls.reduce_ops import ReduceOp, resolve_op
 from colls_plugins.tcp.shm import collectives as shm_collectives
 from colls_plugins.tcp.shm import segment as shm_segment
-from colls_plugins.tcp.shm import setup as shm_setup
 from colls_plugins.tcp.shm import tiny as shm_tiny
 
-pytestmark = pytest.mark.skipif(
-    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
-)
+pytestmark = NEEDS_SHM
 
 FOLDED = [dtypes.FLOAT32, dtypes.FLOAT64, dtypes.INT32, dtypes.INT64]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import shm_tiny_workers
 from _support import on_threads
-from tcp_helpers import NOT_BUILT
+from tcp_helpers import NEEDS_SHM, NOT_BUILT
 
 from colls import dtypes, fingerprint
 from colls.errors import BackendError
@@ -19,13 +19,9 @@ from colls.reduce_ops import ReduceOp, resolve_op
 from colls.testing.spawn import spawn
 from colls_plugins.tcp.shm import native as shm_native
 from colls_plugins.tcp.shm import segment as shm_segment
-from colls_plugins.tcp.shm import setup as shm_setup
 from colls_plugins.tcp.shm import tiny as shm_tiny
 
-pytestmark = pytest.mark.skipif(
-    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
-)
+pytestmark = NEEDS_SHM
 
 
 def _reduce(group, name: str, inputs: list[np.ndarray], op: ReduceOp, dtype: dtypes.DType,

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tcp_helpers import WAIT
+from tcp_helpers import NEEDS_SHM, WAIT
 
 from colls.backend import RestartedBatch
 from colls_plugins.tcp.engine import RingBatch
-from colls_plugins.tcp.shm import setup as shm_setup
 from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES
 
 pytestmark = [
-    pytest.mark.skipif(shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-                       reason=f"shared memory unavailable here: {shm_setup.shm_supported()}"),
+    NEEDS_SHM,
     pytest.mark.timeout(60),
 ]
 

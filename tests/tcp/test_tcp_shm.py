@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import shm_workers
 from _support import on_threads
+from tcp_helpers import NEEDS_SHM
 
 from colls import dtypes, fingerprint
 from colls.errors import BackendError, CollsTimeoutError
@@ -32,10 +33,7 @@ from colls_plugins.tcp.shm import setup as shm_setup
 #: Small slots (4 KiB) so that a few thousand elements take the multi-piece paths.
 SMALL_SLOTS = {"COLLS_SEGMENT_BYTES": "4096"}
 
-pytestmark = pytest.mark.skipif(
-    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
-)
+pytestmark = NEEDS_SHM
 
 SUM_F64 = resolve_op(ReduceOp.SUM, dtypes.FLOAT64, op_name="all_reduce")
 

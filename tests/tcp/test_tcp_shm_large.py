@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import shm_large_workers as workers
-from tcp_helpers import WAIT, make_group
+from tcp_helpers import NEEDS_SHM, WAIT, make_group
 
 from colls.errors import BackendError, NetworkError
 from colls.testing.spawn import spawn
@@ -23,10 +23,7 @@ from colls_plugins.tcp.shm import setup as shm_setup
 from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
 from colls_plugins.tcp.shm.segment import LARGE_RINGS_MAX_RANKS, P2P_RING_BYTES, P2P_RING_BYTES_MANY
 
-pytestmark = pytest.mark.skipif(
-    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
-)
+pytestmark = NEEDS_SHM
 
 MIB = 1 << 20
 REMOTE = pytest.mark.skipif(not shm_remote.available(), reason="no process_vm_readv here")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import shm_p2p_workers
 from _support import on_threads
-from tcp_helpers import WAIT, make_group
+from tcp_helpers import NEEDS_SHM, WAIT, make_group
 
 from colls.errors import BackendError, NetworkError
 from colls.testing.spawn import spawn
@@ -25,10 +25,7 @@ from colls_plugins.tcp.shm import setup as shm_setup
 from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES, SMALL_BYTES, SMALL_SPAN, entry_bytes
 from colls_plugins.tcp.shm.segment import P2P_RING_BYTES
 
-pytestmark = pytest.mark.skipif(
-    shm_setup.shm_supported() not in (None, "COLLS_SHM=0"),
-    reason=f"shared memory unavailable here: {shm_setup.shm_supported()}",
-)
+pytestmark = NEEDS_SHM
 #: Seconds the ranks on threads may take.
 JOIN_S = 60.0
 
