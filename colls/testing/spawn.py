@@ -27,7 +27,8 @@ from typing import Any
 #: and their messages help), before they are killed.
 FAILURE_GRACE = 5.0
 #: Modules the forkserver imports once, so that every rank it forks starts with them loaded.
-PRELOAD = ["numpy", "colls", "colls.collectives", "colls.p2p", "colls_plugins.tcp.backend"]
+PRELOAD = ["numpy", "colls", "colls.collectives", "colls.p2p", "colls.batches",
+           "colls_plugins.tcp.backend"]
 
 
 class SpawnError(AssertionError):
