@@ -40,3 +40,12 @@ def shm_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
         pytest.skip(NOT_BUILT)
     monkeypatch.setenv("COLLS_NATIVE", "1" if native else "0")
     return native
+
+
+@pytest.fixture
+def host_pair(group, shm_path):  # noqa: ANN001, ANN201 - the fixtures above
+    """Two tcp ranks on threads of this process, one host: (rank 0, rank 1), talking through
+    their shared-memory rings, on the compiled and the Python ring steps (``shm_path``)."""
+    a, b = group(2, name="host-pair")
+    assert a.uses_shm and b.uses_shm
+    return a, b

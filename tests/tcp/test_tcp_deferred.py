@@ -26,13 +26,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def pair(group, shm_path):  # noqa: ANN001, ANN201 - the fixtures of conftest.py
-    """Two ranks of one host: (a, b), b receiving from a."""
-    a, b = group(2, name="deferred")
-    assert a.uses_shm and b.uses_shm
-    return a, b
-
 
 def _posted(backend) -> int:  # noqa: ANN001 - a TcpBackend
     with backend._engine._lock:
@@ -47,8 +40,8 @@ def _ints(*values: int) -> np.ndarray:
     return np.array(values, np.int64)
 
 
-def test_a_receive_made_before_its_message_is_taken_by_its_waiter_unposted(pair):
-    a, b = pair
+def test_a_receive_made_before_its_message_is_taken_by_its_waiter_unposted(host_pair):
+    a, b = host_pair
     out = np.zeros(2, np.int64)
     work = b.irecv(out, 0, 5)
     assert isinstance(work.get_future(), _deferred.DeferredReceive)
@@ -73,8 +66,9 @@ def test_receives_taken_at_once_each_report_their_own_sender(group, shm_path):
             assert out[0] == 10 * rank + round_
 
 
-def test_receives_of_one_source_and_tag_match_in_the_order_made_whichever_is_waited_first(pair):
-    a, b = pair
+def test_receives_of_one_source_and_tag_match_in_the_order_made_whichever_is_waited_first(
+        host_pair):
+    a, b = host_pair
     first, second, third = (np.zeros(1, np.int64) for _ in range(3))
     works = [b.irecv(first, 0, 5), b.irecv(second, 0, 5), b.irecv(third, 0, 5)]
     for value in (1, 2, 3):
@@ -84,8 +78,8 @@ def test_receives_of_one_source_and_tag_match_in_the_order_made_whichever_is_wai
     assert [first[0], second[0], third[0]] == [1, 2, 3]
 
 
-def test_a_blocking_recv_after_a_deferred_receive_takes_the_next_message(pair):
-    a, b = pair
+def test_a_blocking_recv_after_a_deferred_receive_takes_the_next_message(host_pair):
+    a, b = host_pair
     early, late = np.zeros(1, np.int64), np.zeros(1, np.int64)
     work = b.irecv(early, 0, 5)
     a.isend(_ints(1), 1, 5)
@@ -95,8 +89,8 @@ def test_a_blocking_recv_after_a_deferred_receive_takes_the_next_message(pair):
     assert (early[0], late[0]) == (1, 2)
 
 
-def test_an_any_source_receive_posts_the_deferred_receives_of_its_tag_first(pair):
-    a, b = pair
+def test_an_any_source_receive_posts_the_deferred_receives_of_its_tag_first(host_pair):
+    a, b = host_pair
     specific, any_source, other_tag = (np.zeros(1, np.int64) for _ in range(3))
     first = b.irecv(specific, 0, 5)
     unrelated = b.irecv(other_tag, 0, 6)  # another tag: stays left to its waiter
@@ -109,8 +103,8 @@ def test_an_any_source_receive_posts_the_deferred_receives_of_its_tag_first(pair
     assert (specific[0], any_source[0], other_tag[0]) == (1, 2, 3)
 
 
-def test_a_receive_too_large_for_the_ring_is_posted_after_the_deferred_ones(pair):
-    a, b = pair
+def test_a_receive_too_large_for_the_ring_is_posted_after_the_deferred_ones(host_pair):
+    a, b = host_pair
     small = np.zeros(4, np.uint8)
     big = np.zeros(INLINE_MAX_BYTES + 8, np.uint8)
     first = b.irecv(small, 0, 5)
@@ -124,8 +118,8 @@ def test_a_receive_too_large_for_the_ring_is_posted_after_the_deferred_ones(pair
     np.testing.assert_array_equal(big, sent_big)
 
 
-def test_a_done_callback_or_futures_wait_sees_it_complete_without_a_waiter(pair):
-    a, b = pair
+def test_a_done_callback_or_futures_wait_sees_it_complete_without_a_waiter(host_pair):
+    a, b = host_pair
     called = threading.Event()
     out, other = np.zeros(1, np.int64), np.zeros(1, np.int64)
     work = b.irecv(out, 0, 5)
@@ -139,8 +133,8 @@ def test_a_done_callback_or_futures_wait_sees_it_complete_without_a_waiter(pair)
     assert done and other[0] == 5
 
 
-def test_polling_is_completed_takes_the_message(pair):
-    a, b = pair
+def test_polling_is_completed_takes_the_message(host_pair):
+    a, b = host_pair
     out = np.zeros(1, np.int64)
     work = b.irecv(out, 0, 5)
     assert not work.is_completed()
@@ -151,8 +145,8 @@ def test_polling_is_completed_takes_the_message(pair):
     assert work.is_completed() and out[0] == 6 and _posted(b) == 0
 
 
-def test_a_wait_that_times_out_leaves_the_receive_posted_for_a_later_wait(pair):
-    a, b = pair
+def test_a_wait_that_times_out_leaves_the_receive_posted_for_a_later_wait(host_pair):
+    a, b = host_pair
     out = np.zeros(1, np.int64)
     work = b.irecv(out, 0, 5)
     started = time.monotonic()
@@ -164,8 +158,8 @@ def test_a_wait_that_times_out_leaves_the_receive_posted_for_a_later_wait(pair):
     assert work.wait(WAIT) and out[0] == 3
 
 
-def test_a_deferred_receive_of_a_closed_engine_fails_naming_it(pair):
-    _a, b = pair
+def test_a_deferred_receive_of_a_closed_engine_fails_naming_it(host_pair):
+    _a, b = host_pair
     work = b.irecv(np.zeros(1, np.int64), 0, 5)
     b.close()
     with pytest.raises(BackendError, match="tcp backend closed"):
@@ -173,10 +167,10 @@ def test_a_deferred_receive_of_a_closed_engine_fails_naming_it(pair):
     assert work.is_completed()
 
 
-def test_is_completed_never_waits_for_the_inbox_lock(pair):
+def test_is_completed_never_waits_for_the_inbox_lock(host_pair):
     """A flight recorder dump asks is_completed() from a signal handler, whose thread may hold
     the lock: the look gives up instead of deadlocking."""
-    a, b = pair
+    a, b = host_pair
     out = np.zeros(1, np.int64)
     work = b.irecv(out, 0, 5)
     a.isend(_ints(2), 1, 5)
@@ -185,8 +179,8 @@ def test_is_completed_never_waits_for_the_inbox_lock(pair):
     assert work.wait(WAIT) and out[0] == 2
 
 
-def test_threads_each_receiving_their_own_tag_get_their_streams_in_order(pair):
-    a, b = pair
+def test_threads_each_receiving_their_own_tag_get_their_streams_in_order(host_pair):
+    a, b = host_pair
     threads, count = 4, 200
     got = np.zeros((threads, count), np.int64)
 
@@ -207,14 +201,14 @@ def test_threads_each_receiving_their_own_tag_get_their_streams_in_order(pair):
     assert _posted(b) == 0 and _deferred_count(b) == 0
 
 
-def test_a_message_from_a_peer_with_a_deferred_receive_is_never_held_back(pair):
+def test_a_message_from_a_peer_with_a_deferred_receive_is_never_held_back(host_pair):
     """A large socket message nobody receives is held in the socket (its sender waits), and a
     ring entry waits in the ring when the unexpected budget is spent; neither may happen while
     a receive from that peer is left to its waiter, or two ranks that both wait on their sends
     first would wait for each other."""
     from colls_plugins.tcp._holds import HOLD_MIN_BYTES
 
-    a, b = pair
+    a, b = host_pair
     engine = b._engine
     with engine._inbox.lock:
         assert engine._holds.must_hold(0, HOLD_MIN_BYTES)
@@ -230,7 +224,7 @@ def test_a_message_from_a_peer_with_a_deferred_receive_is_never_held_back(pair):
 
 @pytest.mark.parametrize("overflow", ["remote read", "socket"])
 def test_ranks_that_wait_on_their_sends_before_their_receives_do_not_wait_for_each_other(
-        pair, overflow, monkeypatch):
+        host_pair, overflow, monkeypatch):
     """Three messages of 700 KiB each way overflow the 2 MiB rings: the third is read from the
     sender's memory (its send completes once the receiver has read it) or goes over the socket.
     Both ranks wait on their sends first, with their receives left to them; every message
@@ -240,7 +234,7 @@ def test_ranks_that_wait_on_their_sends_before_their_receives_do_not_wait_for_ea
 
     if overflow == "socket":
         monkeypatch.setattr(shm_p2p.Channel, "remote_ready", lambda _channel: False)
-    backends = pair
+    backends = host_pair
     count, nbytes = 3, 700 << 10
 
     def exchange(rank: int) -> np.ndarray:
@@ -260,25 +254,25 @@ def test_ranks_that_wait_on_their_sends_before_their_receives_do_not_wait_for_ea
         assert all((row == row[0]).all() for row in got[rank])
 
 
-def test_a_receive_made_after_close_fails_naming_it(pair):
-    _a, b = pair
+def test_a_receive_made_after_close_fails_naming_it(host_pair):
+    _a, b = host_pair
     b.close()
     with pytest.raises(BackendError, match="tcp backend closed"):
         b.irecv(np.zeros(1, np.int64), 0, 5).wait(WAIT)
 
 
-def test_a_send_to_a_host_peer_never_talked_to_after_close_fails_naming_it(pair):
-    a, _b = pair
+def test_a_send_to_a_host_peer_never_talked_to_after_close_fails_naming_it(host_pair):
+    a, _b = host_pair
     a.close()
     with pytest.raises(BackendError, match="tcp backend closed"):
         a.isend(np.zeros(1, np.int64), 1, 5).wait(WAIT)
 
 
-def test_a_blocking_recv_that_polled_in_vain_waits_posted(pair, monkeypatch):
+def test_a_blocking_recv_that_polled_in_vain_waits_posted(host_pair, monkeypatch):
     """A blocking recv whose message does not come within its polls waits as a posted receive
     (it sleeps; the engine posts it at once rather than have it poll again as a waiter), and
     gets the message when it comes."""
-    a, b = pair
+    a, b = host_pair
     polled_again: list[object] = []
     await_message = _deferred.Deferred.await_message
     monkeypatch.setattr(_deferred.Deferred, "await_message",

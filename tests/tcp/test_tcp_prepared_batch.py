@@ -20,16 +20,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def pair(group, shm_path):  # noqa: ANN001, ANN201 - the fixtures of conftest.py
-    """Two ranks of one host."""
-    a, b = group(2, name="prepared")
-    assert a.uses_shm and b.uses_shm
-    return a, b
 
-
-def test_ring_messages_are_prepared_and_move_the_current_values_at_every_start(pair):
-    a, b = pair
+def test_ring_messages_are_prepared_and_move_the_current_values_at_every_start(host_pair):
+    a, b = host_pair
     out_a, in_a, out_b, in_b = (np.zeros(3) for _ in range(4))
     batch_a = a.batch_isend_irecv_init([("irecv", in_a, 1, 2), ("isend", out_a, 1, 3)])
     batch_b = b.batch_isend_irecv_init([("isend", out_b, 0, 2), ("irecv", in_b, 0, 3)])
@@ -43,8 +36,8 @@ def test_ring_messages_are_prepared_and_move_the_current_values_at_every_start(p
         assert in_a.tolist() == [20.0 + start] * 3 and in_b.tolist() == [10.0 + start] * 3
 
 
-def test_sends_that_find_the_ring_full_still_arrive_in_order(pair):
-    a, b = pair
+def test_sends_that_find_the_ring_full_still_arrive_in_order(host_pair):
+    a, b = host_pair
     # Half a ring each, from batches of their own (a send's array stays untouched until its
     # Work completes): the ring and the receiver's unexpected queue, which its engine drains
     # the ring into, fill up within 24 sends, and the later ones take the other paths.
@@ -62,8 +55,8 @@ def test_sends_that_find_the_ring_full_still_arrive_in_order(pair):
     assert all(work.wait(WAIT) for work in works)
 
 
-def test_a_message_larger_than_the_ring_takes_the_default_path(pair):
-    a, b = pair
+def test_a_message_larger_than_the_ring_takes_the_default_path(host_pair):
+    a, b = host_pair
     big = np.arange(INLINE_MAX_BYTES // 8 + 1, dtype=np.float64)
     batch = a.batch_isend_irecv_init([("isend", big, 1, 5)])
     assert isinstance(batch, RestartedBatch)
