@@ -158,7 +158,8 @@ class P2PBatch:
             BackendError: a group of the batch is broken or its backend closed.
         """
         if self._freed:
-            raise ValueError("P2PBatch.start: the batch was freed")
+            raise ValueError(f"P2PBatch.start on rank {d.my_rank()}: the batch was freed; "
+                             "prepare a new one with batch_isend_irecv_init")
         self._check_completed("start")
         pg = self._group
         if self._prepared is None:
@@ -188,11 +189,14 @@ class P2PBatch:
         """Raise unless every op of the last start has completed (MPI's rule for restarting
         or freeing a persistent request)."""
         last = self._last
+        if not last:
+            return
         for place in self._places:  # the null peers' Works are complete from the start
-            if last and not last[place].is_completed():
+            if not last[place].is_completed():
                 raise ValueError(
-                    f"P2PBatch.{call}: an op of the previous start has not completed; wait on "
-                    "its Works first (as MPI requires of a persistent request)")
+                    f"P2PBatch.{call} on rank {d.my_rank()}: op {place} of the previous start "
+                    "has not completed; wait on its Works first (as MPI requires of a "
+                    "persistent request)")
 
     def __enter__(self) -> P2PBatch:
         return self
@@ -201,8 +205,13 @@ class P2PBatch:
         self.free()
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else "prepared" if self._prepared is not None else \
-            "checked at each start"
+        """Name the path each start takes: the backend's prepared batch, or the checks."""
+        if self._freed:
+            state = "freed"
+        elif self._prepared is not None:
+            state = f"prepared: {type(self._prepared).__name__}"
+        else:
+            state = "checked at each start"
         return f"<P2PBatch of {len(self._ops)} ops, {state}>"
 
 

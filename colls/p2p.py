@@ -270,17 +270,14 @@ def _raise_explained(pg: ProcessGroup, op: str, exc: NetworkError) -> NoReturn:
 Checked = tuple[ProcessGroup, tuple[str, Any, "int | None", int], "Buffer | None"]
 
 
-def written_back_all(works: list[Work], checked: list[tuple[Any, Any, Buffer | None]]
-                      ) -> list[Work]:
+def written_back_all(works: list[Work], checked: list[Checked]) -> list[Work]:
     """Return ``works``, each staged receive's followed by its copy back."""
     return [work if buf is None else _written_back(work, buf)
             for work, (_, _, buf) in zip(works, checked, strict=True)]
 
 
 def checked_entry(kind: str, tensor: Any, peer: int | None, group: Any, tag: int,
-                   group_peer: int | None, op: str
-                   ) -> tuple[ProcessGroup, tuple[str, Any, int | None, int], Buffer | None
-                              ] | None:
+                  group_peer: int | None, op: str) -> Checked | None:
     """Check a send (``kind`` "isend") or receive of a batch; errors name ``op``.
 
     An op on the default group or a subgroup with a NumPy array takes the fast path's checks

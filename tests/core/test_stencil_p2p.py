@@ -68,7 +68,8 @@ def test_a_prepared_batch_moves_the_arrays_current_values_at_every_start(backend
     n = 3
     for rank, got in enumerate(_run(backend, w.persistent_ring, n)):
         prev = (rank - 1) % n
-        assert got["repr"] == ["<P2PBatch of 3 ops, prepared>",
+        prepared = {"tcp": "RingBatch", "mpi": "PersistentBatch"}[backend]
+        assert got["repr"] == [f"<P2PBatch of 3 ops, prepared: {prepared}>",
                                "<P2PBatch of 2 ops, checked at each start>",
                                "<P2PBatch of 1 ops, checked at each start>"]
         for start in range(5):
