@@ -141,7 +141,7 @@ class MpiBackend(Backend):
         self._spin_tests = YIELD_AFTER_TESTS if _oversubscribed(MPI, self._comm) else SPIN_TESTS
         self.cuda_aware = runtime.cuda_aware()
         #: Completes the point-to-point Works nobody waits on (a Pending's owner's ``progress``).
-        self.progress = Progress(options.group_name, MPI.Status, self._spin_tests)
+        self.progress = Progress(options.group_name, self._spin_tests)
         self._ANY_SOURCE = MPI.ANY_SOURCE
         #: Descriptions of Works complete when made (their message is not named: formatting
         #: its text for every message cost as much as MPI's call).
@@ -379,7 +379,7 @@ class MpiBackend(Backend):
                 work = self._received_from[value] = Work(
                     Completion.finished(value), description=self._done_text[kind])
             return work
-        item = Pending(self, request, array, kind, peer, tag)
+        item = Pending(self, request, array, kind, peer, tag, status)
         work = Work(item, description=item, default_timeout=self.timeout)
         self.progress.add(item)
         return work

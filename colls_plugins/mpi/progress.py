@@ -5,7 +5,10 @@ thread of its own by default), and a colls :class:`~colls.work.Work` must comple
 owner waits on it, computes, or forgets it. So each backend has one :class:`Progress` thread:
 ``isend``/``irecv`` post the MPI request on the caller's thread (nonblocking), test it once
 (small messages are often done at once, and then no thread is involved at all), and hand the
-rest to this thread, which ``Test``\\ s its pending requests and completes their Works.
+rest to this thread, which ``Test``\\ s its pending requests and completes their Works. A request
+completed by its waiter leaves the thread's set at once: the thread never holds finished
+messages (holding the thousands a ping-pong makes between two of its looks, with their buffers,
+cost about 2 us per message in garbage collection and cache misses).
 
 Latency and CPU: a thread that waits on a Work tests its request itself for a while (like
 ``MPI_Wait``, see :meth:`Pending.drive`), so a waited-on message is seen at once, and the
@@ -27,7 +30,6 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Final
 
 from colls.completion import Completion
@@ -78,15 +80,17 @@ class Pending(Completion):
     round trip.
 
     ``lock`` makes one thread at a time test the request (MPI forbids concurrent tests of one
-    request); ``settled`` records that the request completed and the future is settled (a
-    completed request becomes MPI_REQUEST_NULL, which tests as complete with an empty
-    status); ``driven`` is True while a waiting thread tests the request itself.
+    request), and that thread fills ``status``, the message's ``MPI.Status`` (None for a send,
+    which needs none); ``settled`` records that the request completed and the future is
+    settled (a completed request becomes MPI_REQUEST_NULL, which tests as complete with an
+    empty status); ``driven`` is True while a waiting thread tests the request itself.
     """
 
     def __init__(self, owner: Any, request: Any, buffer: Any, kind: str, peer: int | None,
-                 tag: int) -> None:
+                 tag: int, status: Any = None) -> None:
         super().__init__()
         self.owner = owner
+        self.status = status
         self.request = request
         self.buffer = buffer
         self.kind = kind
@@ -123,9 +127,8 @@ class Pending(Completion):
                 or self.lock.acquire(timeout=-1 if timeout is None else timeout)):
             return 0.0  # another waiter drives it; the future's wait takes over
         limit = DRIVE_SECONDS if timeout is None else min(timeout, DRIVE_SECONDS)
-        progress = self.owner.progress
-        status = progress.new_status()
-        spin = progress.spin_tests
+        status = self.status
+        spin = self.owner.progress.spin_tests
         test = self.request.Test
         tests = 0
         self.driven = True  # the progress thread backs off meanwhile: no fight over the GIL
@@ -148,7 +151,7 @@ class Pending(Completion):
             self.lock.release()
         return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
 
-    def test(self, status: Any) -> bool:
+    def test(self) -> bool:
         """Test the request once; settle the future and return True if it is done.
 
         Returns False, without waiting, while another thread is testing the same request.
@@ -160,6 +163,7 @@ class Pending(Completion):
         try:
             if self.settled:
                 return True
+            status = self.status
             try:
                 if not self.request.Test(status):
                     return False
@@ -192,6 +196,7 @@ class Pending(Completion):
         # back: hundreds of microseconds per message on a loaded host.
         self.settled = True
         self.buffer = None  # MPI is done with it
+        self.owner.progress.forget(self)
 
     def fail(self, error: BaseException) -> None:
         """Fail the future with ``error`` unless it is complete already (the first outcome
@@ -211,23 +216,30 @@ class Pending(Completion):
 class Progress:
     """Complete pending point-to-point requests on one daemon thread (started on first use).
 
+    The requests live in a dict used as an ordered set: :meth:`add` puts one in and
+    :meth:`forget` (called when a request settles, by whichever thread tested it) takes it out,
+    each a single dict operation under the GIL, without a lock. The thread tests a snapshot of
+    the set. Only waking the thread from its deep sleep, starting it and closing take
+    :attr:`_cond`.
+
     Args:
         name: thread name suffix (the group name), for debuggers.
-        new_status: makes an ``MPI.Status`` (one per thread: a Status is not thread-safe).
         spin_tests: tests a waiter makes back to back before it yields the CPU between tests
             (the backend's: more when every rank has a core of its own, as for collectives).
     """
 
-    def __init__(self, name: str, new_status: Callable[[], Any],
-                 spin_tests: int = YIELD_AFTER_TESTS) -> None:
+    def __init__(self, name: str, spin_tests: int = YIELD_AFTER_TESTS) -> None:
         self._name = name
-        self.new_status = new_status
         self.spin_tests = spin_tests
         self._cond = threading.Condition()
-        self._incoming: list[Pending] = []
+        self._live: dict[Pending, None] = {}
+        #: Set by add(): a request came since the thread last looked (it naps FIRST_LOOK first).
+        self._fresh = False
         self._thread: threading.Thread | None = None
         self._closed = False
         #: Whether the thread waits without a timeout (idle for LINGER_S): add() must wake it.
+        #: Set before the thread's last look at the set, so an add() that the look missed sees
+        #: it and wakes the thread.
         self._deep_sleep = False
 
     def add(self, item: Pending) -> None:
@@ -236,19 +248,31 @@ class Progress:
         Raises:
             BackendError: the backend has been closed.
         """
+        if self._closed:
+            raise BackendError(f"mpi backend of group {self._name!r} has been closed")
+        self._live[item] = None
+        self._fresh = True
+        if self._thread is None or self._deep_sleep:
+            self._wake()
+        # Else the thread naps and looks within MAX_SLEEP: waking it for every message
+        # made it take the GIL from the caller, who usually drives the request itself.
+        if self._closed:  # closed meanwhile, maybe after close() failed the requests it had
+            item.fail(BackendError(f"mpi backend of group {self._name!r} has been closed"))
+
+    def forget(self, item: Pending) -> None:
+        """Drop a settled request from the thread's set."""
+        self._live.pop(item, None)
+
+    def _wake(self) -> None:
+        """Start the thread, or wake it from its deep sleep."""
         with self._cond:
-            if self._closed:
-                raise BackendError(f"mpi backend of group {self._name!r} has been closed")
-            self._incoming.append(item)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name=f"colls-mpi-progress-{self._name}", daemon=True
                 )
                 self._thread.start()
-            elif self._deep_sleep:
+            else:
                 self._cond.notify()
-            # Else the thread naps and looks within MAX_SLEEP: waking it for every message
-            # made it take the GIL from the caller, who usually drives the request itself.
 
     def close(self, reason: str) -> list[Pending]:
         """Stop the thread; return the requests still pending (their Works are failed).
@@ -261,57 +285,46 @@ class Progress:
             self._cond.notify()
         if thread is not None and thread is not threading.current_thread():
             thread.join(JOIN_TIMEOUT)
-        with self._cond:
-            left, self._incoming = self._incoming, []
+        left = [item for item in list(self._live) if not item.settled]
+        self._live.clear()
         for item in left:
             item.fail(BackendError(reason))
         return left
 
     def _loop(self) -> None:
-        status = self.new_status()
-        active: list[Pending] = []
+        live = self._live
         sleep = MIN_SLEEP
         idle_since = time.monotonic()
         while True:
             with self._cond:
-                while not active and not self._incoming and not self._closed:
+                while not live and not self._closed:
                     if time.monotonic() - idle_since < LINGER_S:
                         self._cond.wait(LINGER_LOOK_S)  # light sleep: add() does not notify
                         continue
                     self._deep_sleep = True
                     try:
-                        self._cond.wait()
+                        if not live and not self._closed:
+                            self._cond.wait()
                     finally:
                         self._deep_sleep = False
                     idle_since = time.monotonic()
                 if self._closed:
-                    self._incoming[:0] = active  # close() fails them
-                    return
-                new, self._incoming = self._incoming, []
-            if new:
-                active.extend(new)
+                    return  # close() fails what is left
+            if self._fresh:
+                self._fresh = False
                 sleep = MIN_SLEEP
                 self._nap(FIRST_LOOK)  # a waiter usually drives it meanwhile, alone in MPI
-            if self._driven(active):  # a waiter is in MPI: it progresses these too
+            items = list(live)
+            if any(item.driven for item in items):  # a waiter is in MPI: it progresses these
                 self._nap(LINGER_LOOK_S)
                 continue
-            still = [item for item in active if item.driven or not item.test(status)]
-            if len(still) < len(active):
+            if any([item.test() for item in items]):  # (a list: test them all)
                 sleep = MIN_SLEEP
-            active = still
-            if active:
+            if live:
                 self._nap(sleep)
                 sleep = min(sleep * 2, MAX_SLEEP)
             else:
                 idle_since = time.monotonic()
-
-    def _driven(self, active: list[Pending]) -> bool:
-        """Return whether a waiter drives one of the requests, ``active`` or added since the
-        thread last looked: its MPI calls progress them all, and the thread's tests would only
-        contend for the GIL and MPI's lock. (The flags are read without the lock: one set a
-        moment late is seen at the next look.)"""
-        return any(item.driven for item in active) or any(
-            item.driven for item in self._incoming)
 
     def _nap(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early only when the thread must stop.

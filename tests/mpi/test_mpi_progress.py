@@ -40,7 +40,7 @@ class Owner:
     """What a Pending asks of its backend: a Progress, the value and errors of a message."""
 
     def __init__(self, spin_tests: int = 5) -> None:
-        self.progress = Progress("test", object, spin_tests)
+        self.progress = Progress("test", spin_tests)
 
     def finish(self, item: Pending, status: Any) -> Any:
         return f"{item.kind} done"
@@ -75,7 +75,7 @@ def test_the_progress_thread_does_not_test_a_request_its_waiter_drives() -> None
         while not item.driven:  # the waiter has taken the request
             time.sleep(0)
         while not item.settled:
-            other_results.append(item.test(None))
+            other_results.append(item.test())
 
     waiter = threading.current_thread()
     thread = threading.Thread(target=other_thread)
@@ -134,16 +134,38 @@ def test_a_timed_wait_while_another_thread_drives_returns_within_its_timeout() -
     driver.join(10)
 
 
-def test_the_thread_sees_a_driven_request_it_has_not_picked_up_yet() -> None:
-    """A request added while the thread naps is driven by its waiter: the thread must back off
-    for it too, not test the others and contend for the GIL and MPI's lock."""
-    progress = Progress("test", object)
-    idle, driven = _pending(Request(None)), _pending(Request(None))
-    progress._incoming.append(driven)  # added, not yet picked up by the thread
-    assert not progress._driven([idle])
-    driven.driven = True
-    assert progress._driven([idle])
-    progress._incoming.clear()
-    assert not progress._driven([idle])
-    idle.driven = True
-    assert progress._driven([idle])
+def test_a_request_its_waiter_settles_leaves_the_threads_set() -> None:
+    """The thread holds only requests still in flight: one settled by its waiter is dropped at
+    once, not at the thread's next look."""
+    owner = Owner()
+    item = _pending(Request(complete_after=20), owner)
+    owner.progress.add(item)
+    assert item in owner.progress._live
+    assert item.result(timeout=10) == "irecv done"
+    assert item not in owner.progress._live
+    assert owner.progress.close("done") == []
+
+
+def test_the_thread_completes_a_request_nobody_waits_on() -> None:
+    owner = Owner()
+    request = Request(complete_after=3)
+    item = _pending(request, owner)
+    owner.progress.add(item)
+    deadline = time.monotonic() + 10
+    while not item.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert item.done() and item.result(timeout=0) == "irecv done"
+    assert {tester.name for tester in request.testers} == {"colls-mpi-progress-test"}
+    assert not owner.progress._live
+    owner.progress.close("done")
+
+
+def test_a_close_fails_the_requests_in_flight_and_refuses_new_ones() -> None:
+    owner = Owner()
+    item = _pending(Request(complete_after=None), owner)
+    owner.progress.add(item)
+    assert owner.progress.close("the group was closed") == [item]
+    with pytest.raises(BackendError, match="the group was closed"):
+        item.result(timeout=5)
+    with pytest.raises(BackendError, match="has been closed"):
+        owner.progress.add(_pending(Request(complete_after=None), owner))
