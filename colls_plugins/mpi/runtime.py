@@ -34,6 +34,9 @@ _THREAD_LEVEL_NAMES: Final = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED",
 _CUDA_KINDS: Final = ("cuda", "cuda:device")
 
 _lock = threading.Lock()
+#: Requests MPI may still write into after their group gave up on them (a timed-out collective,
+#: a receive cancelled at close), each with its buffers: they stay referenced until exit.
+abandoned: list[Any] = []
 #: Seconds a rank that is about to end the job waits after its last line to stderr. The
 #: launcher forwards each rank's output, and MPICH's hydra proxy stopped reading it once it
 #: handled the abort: once in a CI run the line naming the rank never arrived.
@@ -271,3 +274,18 @@ def _forced_cuda_awareness() -> bool | None:
     raise ValueError(
         f"environment variable COLLS_MPI_CUDA_AWARE={value!r}: expected auto, 1 or 0"
     )
+
+
+def error_text(exc: Exception) -> str:
+    """Return MPI's error text on one line: the class, and the innermost frame of a stack.
+
+    MPICH reports "Message truncated, error stack:" followed by one line per internal call, the
+    last being the specific one ("MPIDIG_recv_type_init(74): Message from rank 0 and tag 4
+    truncated; 32 bytes received but buffer size is 8").
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    head = lines[0].removesuffix("error stack:").rstrip(" ,")
+    innermost = lines[-1].split("): ", 1)[-1] if len(lines) > 1 else head
+    return head if innermost == head else f"{head}: {innermost}"

@@ -122,7 +122,7 @@ def across_hosts_check(rank: int, world_size: int) -> dict[str, Any]:
 def blocking_p2p(rank: int, world_size: int) -> dict[str, Any]:
     """Blocking send/recv run on the caller's thread: sizes from 8 B to beyond the eager limit,
     any source, a wrong size, and a receive nobody answers (the group timeout applies)."""
-    from colls_plugins.mpi import backend as mpi_backend
+    from colls_plugins.mpi import runtime
 
     out: dict[str, Any] = {"sizes": []}
     peer = 1 - rank
@@ -145,7 +145,7 @@ def blocking_p2p(rank: int, world_size: int) -> dict[str, Any]:
     # nobody sends: the blocking receive ends at the group's timeout (2 s here), naming the peer
     if rank == 1:
         out["late"] = _outcome(lambda: colls.recv(np.ones(1), src=0, tag=9))
-        assert mpi_backend._abandoned  # the cancelled receive's buffer is kept for MPI
+        assert runtime.abandoned  # the cancelled receive's buffer is kept for MPI
     else:
         time.sleep(3.0)  # past rank 1's timeout, so that the barrier below does not time out
     colls.barrier()
