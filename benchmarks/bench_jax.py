@@ -11,6 +11,12 @@ warm-up, and takes the best of 3 rounds; the figure is that time divided by 20 (
 multiply included). The colls_jax jobs also time the eager 8-byte ``colls_jax.all_reduce`` and
 the core's in-place ``colls.all_reduce`` on NumPy, and report which jit path ran.
 
+That figure holds a twentieth of what JAX spends on each call of a program with ordered effects
+(its Python dispatch and the runtime token it moves; both colls_jax and mpi4jax order their
+calls that way). A second table splits it: each job also times chains of 20 and 40, waiting for
+each call, and reports the cost of one more collective in a program ((t40 - t20) / 20) and what
+is left per call (t20 - 20 times that).
+
 mpi4jax is not a dependency of colls: install it in the benchmark's environment from its sdist
 (with CUDA hidden on a machine with CUDA tools but no headers, see docs/benchmarks.md). Without
 it the mpi4jax column is empty.
@@ -58,6 +64,36 @@ def _best_us_per_call(fn, x, barrier) -> float:  # type: ignore[no-untyped-def]
     return best / (iters * CHAIN) * 1e6
 
 
+def _best_blocking_us(fn, x, barrier) -> float:  # type: ignore[no-untyped-def]
+    """Best of ROUNDS rounds of calls, each waited for, per call, in microseconds."""
+    import jax
+
+    iters = _iters(x.size * FLOAT32_BYTES)
+    for _ in range(3):
+        jax.block_until_ready(fn(x))
+    best = float("inf")
+    for _ in range(ROUNDS):
+        barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            jax.block_until_ready(fn(x))
+        best = min(best, time.perf_counter() - start)
+    return best / iters * 1e6
+
+
+def _chain(all_reduce, scale: float, length: int):  # type: ignore[no-untyped-def]
+    """Jit ``x -> all_reduce(x) * scale``, ``length`` times over."""
+    import jax
+
+    @jax.jit
+    def chain(v):  # type: ignore[no-untyped-def]
+        for _ in range(length):
+            v = all_reduce(v) * scale
+        return v
+
+    return chain
+
+
 def _eager_us(fn, x, barrier, iters: int = 2000) -> float:  # type: ignore[no-untyped-def]
     """Best of ROUNDS rounds of ``iters`` eager calls, per call, in microseconds."""
     best = float("inf")
@@ -73,7 +109,6 @@ def _eager_us(fn, x, barrier, iters: int = 2000) -> float:  # type: ignore[no-un
 def worker(impl: str, backend: str, sizes: list[int]) -> None:
     """One job: time the chain at every size; rank 0 prints one JSON line."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
@@ -106,19 +141,22 @@ def worker(impl: str, backend: str, sizes: list[int]) -> None:
         results["numpy_8B_us"] = _eager_us(lambda v: colls.all_reduce(v), host, barrier)
 
     scale = 1.0 / size
+    chain = _chain(all_reduce, scale, CHAIN)
+    long_chain = _chain(all_reduce, scale, 2 * CHAIN)
 
-    @jax.jit
-    def chain(v):  # type: ignore[no-untyped-def]
-        for _ in range(CHAIN):
-            v = all_reduce(v) * scale
-        return v
-
-    per_size = {}
+    per_size, marginal, per_call = {}, {}, {}
     for nbytes in sizes:
         x = jnp.ones(max(1, nbytes // FLOAT32_BYTES), jnp.float32)
         np.testing.assert_allclose(np.asarray(chain(x)), np.asarray(x), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(long_chain(x)), np.asarray(x), rtol=1e-5)
         per_size[str(nbytes)] = _best_us_per_call(chain, x, barrier)
+        short = _best_blocking_us(chain, x, barrier)
+        extra = (_best_blocking_us(long_chain, x, barrier) - short) / CHAIN
+        marginal[str(nbytes)] = extra
+        per_call[str(nbytes)] = short - CHAIN * extra
     results["us"] = per_size
+    results["marginal_us"] = marginal
+    results["per_call_us"] = per_call
     results["nprocs"] = size
     if impl != "mpi4jax":
         import colls
@@ -175,16 +213,30 @@ def driver(nprocs: list[int], sizes_arg: str, timeout: float) -> None:
                 print(f"  colls_jax {key}: jit path {r.get('jit_path')}, eager 8 B "
                       f"{r['eager_8B_us']:.1f} us vs colls NumPy {r['numpy_8B_us']:.1f} us "
                       f"({r['eager_8B_us'] / r['numpy_8B_us']:.2f}x)")
-        print("| size | mpi4jax | colls_jax tcp | colls_jax mpi | tcp / mpi4jax | "
-              "mpi / mpi4jax |")
-        print("|---|---|---|---|---|---|")
-        for nbytes in sizes:
-            vals = [got[k]["us"][str(nbytes)] if got[k] else None  # type: ignore[index]
-                    for k in ("mpi4jax", "tcp", "mpi")]
-            cells = [f"{v:.1f}" if v is not None else "-" for v in vals]
-            ratios = [f"{v / vals[0]:.2f}x" if v is not None and vals[0] else "-"
-                      for v in vals[1:]]
-            print(f"| {_human(nbytes)} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+        _table(got, sizes, "us")
+        print(f"\nOne more all_reduce in a program ((t{2 * CHAIN} - t{CHAIN}) / {CHAIN}, each call "
+              "waited for), us; per call besides, at each size:")
+        for key in ("mpi4jax", "tcp", "mpi"):
+            r = got[key]
+            if r:
+                left = ", ".join(f"{r['per_call_us'][str(b)]:.0f}"  # type: ignore[index]
+                                 for b in sizes)
+                print(f"  {key}: {left} us per call")
+        _table(got, sizes, "marginal_us")
+
+
+def _table(got: dict[str, dict[str, object] | None], sizes: list[int], field: str) -> None:
+    """Print one Markdown row per size of the jobs' ``field``, with the ratios to mpi4jax."""
+    print("| size | mpi4jax | colls_jax tcp | colls_jax mpi | tcp / mpi4jax | "
+          "mpi / mpi4jax |")
+    print("|---|---|---|---|---|---|")
+    for nbytes in sizes:
+        vals = [got[k][field][str(nbytes)] if got[k] else None  # type: ignore[index]
+                for k in ("mpi4jax", "tcp", "mpi")]
+        cells = [f"{v:.1f}" if v is not None else "-" for v in vals]
+        ratios = [f"{v / vals[0]:.2f}x" if v is not None and vals[0] else "-"
+                  for v in vals[1:]]
+        print(f"| {_human(nbytes)} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
 def _human(nbytes: int) -> str:
