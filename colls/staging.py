@@ -417,15 +417,16 @@ def stage_cuda(cls: type) -> type:
     """
     all_reduce, broadcast, reduce = cls.all_reduce, cls.broadcast, cls.reduce
     isend, irecv = cls.isend, cls.irecv
+    numpy_array = np.ndarray  # tested inline first: a call per message costs the latency path
 
     def staged_all_reduce(self: Any, array: Any, op: Any, tag: int) -> None:
-        if not is_cuda_array(array):
+        if type(array) is numpy_array or not is_cuda_array(array):
             return all_reduce(self, array, op, tag)
         staged_elementwise(array, lambda host: all_reduce(self, host, op, tag))
         return None
 
     def staged_broadcast(self: Any, array: Any, root: int, tag: int) -> None:
-        if not is_cuda_array(array):
+        if type(array) is numpy_array or not is_cuda_array(array):
             return broadcast(self, array, root, tag)
         is_root = self.rank == root
         staged_elementwise(array, lambda host: broadcast(self, host, root, tag),
@@ -433,14 +434,14 @@ def stage_cuda(cls: type) -> type:
         return None
 
     def staged_reduce(self: Any, array: Any, root: int, op: Any, tag: int) -> None:
-        if not is_cuda_array(array):
+        if type(array) is numpy_array or not is_cuda_array(array):
             return reduce(self, array, root, op, tag)
         staged_elementwise(array, lambda host: reduce(self, host, root, op, tag),
                            upload=self.rank == root)
         return None
 
     def staged_isend(self: Any, array: Any, dst: int, tag: int) -> Any:
-        if not is_cuda_array(array):
+        if type(array) is numpy_array or not is_cuda_array(array):
             return isend(self, array, dst, tag)
         host, block = to_host(array)
         pool = CUDA.pinned
@@ -453,7 +454,7 @@ def stage_cuda(cls: type) -> type:
         return work
 
     def staged_irecv(self: Any, array: Any, src: int | None, tag: int) -> Any:
-        if not is_cuda_array(array):
+        if type(array) is numpy_array or not is_cuda_array(array):
             return irecv(self, array, src, tag)
         from colls.work import chain
 
