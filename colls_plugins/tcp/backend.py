@@ -147,8 +147,8 @@ class TcpBackend(Backend):
             TypeError/ValueError: ``dst`` or ``tag`` is not a valid rank or tag, or ``array``
                 is not a C-contiguous buffer.
         """
-        # The common case in two comparisons; _check_count converts or raises otherwise (its
-        # two calls cost a halo exchange's or a ping-pong's message about 0.3 us).
+        # The common case in one test, without calls; _check_count converts or raises
+        # otherwise (its two calls cost each message of a ping-pong about 0.3 us).
         if not (type(dst) is int and 0 <= dst < self.world_size
                 and type(tag) is int and HOLD_TAG < tag <= MAX_TAG):
             dst = _check_count("dst", dst, 0, self.world_size, "isend")
