@@ -45,27 +45,13 @@ def _iters(nbytes: int) -> int:
     return max(3, min(200, (4 << 20) // max(nbytes, 1)))
 
 
-def _best_us_per_call(fn, x, barrier) -> float:  # type: ignore[no-untyped-def]
-    """Best of ROUNDS rounds of ``iters`` calls of the chain, per collective, in microseconds."""
-    import jax
+def _best_us_per_call(fn, x, barrier, *,  # type: ignore[no-untyped-def]
+                      wait_each: bool = False) -> float:
+    """Best of ROUNDS rounds of ``iters`` calls of ``fn``, per call, in microseconds.
 
-    nbytes = x.size * FLOAT32_BYTES
-    iters = _iters(nbytes)
-    for _ in range(3):
-        jax.block_until_ready(fn(x))
-    best = float("inf")
-    for _ in range(ROUNDS):
-        barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            out = fn(x)
-        jax.block_until_ready(out)
-        best = min(best, time.perf_counter() - start)
-    return best / (iters * CHAIN) * 1e6
-
-
-def _best_blocking_us(fn, x, barrier) -> float:  # type: ignore[no-untyped-def]
-    """Best of ROUNDS rounds of calls, each waited for, per call, in microseconds."""
+    Calls are dispatched back to back and waited for at the end of the round, or, with
+    ``wait_each``, each waited for before the next is made.
+    """
     import jax
 
     iters = _iters(x.size * FLOAT32_BYTES)
@@ -76,7 +62,10 @@ def _best_blocking_us(fn, x, barrier) -> float:  # type: ignore[no-untyped-def]
         barrier()
         start = time.perf_counter()
         for _ in range(iters):
-            jax.block_until_ready(fn(x))
+            out = fn(x)
+            if wait_each:
+                jax.block_until_ready(out)
+        jax.block_until_ready(out)
         best = min(best, time.perf_counter() - start)
     return best / iters * 1e6
 
@@ -149,9 +138,9 @@ def worker(impl: str, backend: str, sizes: list[int]) -> None:
         x = jnp.ones(max(1, nbytes // FLOAT32_BYTES), jnp.float32)
         np.testing.assert_allclose(np.asarray(chain(x)), np.asarray(x), rtol=1e-5)
         np.testing.assert_allclose(np.asarray(long_chain(x)), np.asarray(x), rtol=1e-5)
-        per_size[str(nbytes)] = _best_us_per_call(chain, x, barrier)
-        short = _best_blocking_us(chain, x, barrier)
-        extra = (_best_blocking_us(long_chain, x, barrier) - short) / CHAIN
+        per_size[str(nbytes)] = _best_us_per_call(chain, x, barrier) / CHAIN
+        short = _best_us_per_call(chain, x, barrier, wait_each=True)
+        extra = (_best_us_per_call(long_chain, x, barrier, wait_each=True) - short) / CHAIN
         marginal[str(nbytes)] = extra
         per_call[str(nbytes)] = short - CHAIN * extra
     results["us"] = per_size
