@@ -249,7 +249,7 @@ class Progress:
             BackendError: the backend has been closed.
         """
         if self._closed:
-            raise BackendError(f"mpi backend of group {self._name!r} has been closed")
+            raise self._closed_error(item)
         self._live[item] = None
         self._fresh = True
         if self._thread is None or self._deep_sleep:
@@ -257,7 +257,12 @@ class Progress:
         # Else the thread naps and looks within MAX_SLEEP: waking it for every message
         # made it take the GIL from the caller, who usually drives the request itself.
         if self._closed:  # closed meanwhile, maybe after close() failed the requests it had
-            item.fail(BackendError(f"mpi backend of group {self._name!r} has been closed"))
+            item.fail(self._closed_error(item))
+
+    def _closed_error(self, item: Pending) -> BackendError:
+        """The error of a request handed over after a close, naming the message ("mpi irecv
+        from rank 1 with tag 0 on group 'g' (rank 0 of 2)")."""
+        return BackendError(f"{item}: the mpi backend of group {self._name!r} has been closed")
 
     def forget(self, item: Pending) -> None:
         """Drop a settled request from the thread's set."""
