@@ -167,5 +167,6 @@ def test_a_close_fails_the_requests_in_flight_and_refuses_new_ones() -> None:
     assert owner.progress.close("the group was closed") == [item]
     with pytest.raises(BackendError, match="the group was closed"):
         item.result(timeout=5)
-    with pytest.raises(BackendError, match="irecv from rank 1: the mpi backend of group .test. has been closed"):
+    with pytest.raises(BackendError,
+                       match="irecv from rank 1: the mpi backend of group .test. has been closed"):
         owner.progress.add(_pending(Request(complete_after=None), owner))
