@@ -2,12 +2,13 @@
 
 Inside ``jax.jit`` a collective becomes a custom call to the target ``colls_jax_call``, whose
 handler is the optional C extension ``colls_jax._ffi_native``. XLA calls the handler with
-pointers to its own buffers; the handler wraps them in memoryviews (no copy) and calls
-:func:`_dispatch` with the call site's key, which views them as NumPy arrays and runs the
-collective's host function (:mod:`colls_jax._host`) on them: the core reads XLA's input buffer
-and writes XLA's output buffer. Collectives that reduce in place (all_reduce, broadcast,
-reduce) alias their output to their input (``input_output_aliases``), so when XLA can donate
-the input the result is computed in that very buffer.
+pointers to its own buffers; the handler wraps them in memoryviews (no copy) and calls the call
+site's host runner (registered by :func:`add_site`, found by the call's ``key``) with them,
+which views them as NumPy arrays and runs the collective's host function
+(:mod:`colls_jax._host`) on them: the core reads XLA's input buffer and writes XLA's output
+buffer. Collectives that reduce in place (all_reduce, broadcast, reduce) alias their output to
+their input (``input_output_aliases``), so when XLA can donate the input the result is computed
+in that very buffer.
 
 On XLA's CUDA platform the same target has the extension's device handler: XLA's buffers are
 device memory, so the handler passes them as (pointer, bytes) pairs with the stream the call
@@ -51,27 +52,26 @@ logger = logging.getLogger("colls.jax")
 
 TARGET = "colls_jax_call"
 #: The interface of ``_ffi_native.c`` this module speaks (its ``INTERFACE``).
-INTERFACE = 2
+INTERFACE = 3
 #: ``COLLS_JAX_JIT``: auto (FFI when it loads, else callbacks) | ffi | callback.
 PATHS = ("auto", "ffi", "callback")
 #: JAX's lowering platforms of the custom call (XLA's CPU and CUDA platforms have handlers).
 PLATFORMS = ("cpu", "cuda")
 
-#: Views one of XLA's buffers (a memoryview, or a (pointer, bytes) pair of device memory) as an
-#: array of an aval's shape and dtype.
+#: Views one of XLA's device buffers, a (pointer, bytes) pair, as an array of an aval's shape
+#: and dtype.
 Viewer = Callable[[Any, Any], Any]
-#: One call site: runs its collective on XLA's input and output buffers, viewed by the Viewer.
+#: One call site on the device: runs its collective on XLA's input and output buffers, viewed by
+#: the Viewer.
 Runner = Callable[[tuple[Any, ...], tuple[Any, ...], Viewer], None]
 
-# Call sites staged so far, indexed by the custom call's ``key`` attribute. Only appended to
-# (under the lock), so a compiled program's key stays valid for the life of the process.
-_sites: list[Runner] = []
+# Call sites staged so far, indexed by the custom call's ``key`` attribute: the host runners
+# (called by the C handler with a memoryview of each buffer) and the device runners. Only
+# appended to (under the lock), so a compiled program's key stays valid for the life of the
+# process.
+_host_sites: list[Callable[..., None]] = []
+_device_sites: list[Runner] = []
 _sites_lock = threading.Lock()
-
-
-def _dispatch(key: int, ins: tuple[memoryview, ...], outs: tuple[memoryview, ...]) -> None:
-    """Run call site ``key`` on XLA's host buffers (called by the C handler, GIL held)."""
-    _sites[key](ins, outs, _view)
 
 
 def _dispatch_device(key: int, ins: tuple[tuple[int, int], ...],
@@ -84,23 +84,64 @@ def _dispatch_device(key: int, ins: tuple[tuple[int, int], ...],
         device = cupy.cuda.runtime.getDevice()
     view = _DeviceViewer(cupy, device)
     with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream, device):
-        _sites[key](ins, outs, view)
+        _device_sites[key](ins, outs, view)
 
 
-def add_site(run: Runner) -> int:
-    """Register a call site; return its key (the custom call's ``key`` attribute)."""
-    with _sites_lock:
-        _sites.append(run)
-        return len(_sites) - 1
+def add_site(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...],
+             alias: bool = False) -> int:
+    """Register the call site of ``host(*inputs, *outputs)`` on arrays of the avals ``ins`` and
+    ``outs`` (shape, dtype; fixed at trace time); return its key (the custom call's ``key``).
 
-
-def _view(buffer: memoryview, aval: Any) -> np.ndarray:
-    """View one of XLA's host buffers as a writable NumPy array of ``aval``'s shape and dtype.
-
-    One ``ndarray`` constructor on the buffer: half the time of ``frombuffer`` + ``reshape``,
-    on every collective of a jitted program.
+    With ``alias`` the output is the input's buffer (``input_output_aliases``): the one array
+    is passed as both, so the host function sees that they are the same array.
     """
-    return np.ndarray(aval.shape, aval.dtype, buffer)
+    host_run = _host_runner(host, tuple(ins), tuple(outs), alias)
+    device_run = _device_runner(host, tuple(ins), tuple(outs), alias)
+    with _sites_lock:
+        _host_sites.append(host_run)
+        _device_sites.append(device_run)
+        return len(_host_sites) - 1
+
+
+def _host_runner(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...],
+                 alias: bool) -> Callable[..., None]:
+    """Return what the C handler calls, with a memoryview of each of XLA's host buffers.
+
+    Each buffer is viewed as a writable NumPy array by one ``ndarray`` constructor (half the
+    time of ``frombuffer`` + ``reshape``). The runners of one and two buffers are written out:
+    every collective of a jitted program runs one, and a comprehension over the avals costs a
+    frame and a list per call.
+    """
+    ndarray = np.ndarray
+    if alias:
+        shape, dtype = outs[0].shape, outs[0].dtype
+
+        def run_aliased(_input: memoryview, output: memoryview) -> None:
+            out = ndarray(shape, dtype, output)
+            host(out, out)
+
+        return run_aliased
+    avals = [(a.shape, a.dtype) for a in (*ins, *outs)]
+    if len(avals) == 1:
+        [(shape, dtype)] = avals
+
+        def run_one(buffer: memoryview) -> None:
+            host(ndarray(shape, dtype, buffer))
+
+        return run_one
+    if len(avals) == 2:
+        [(shape0, dtype0), (shape1, dtype1)] = avals
+
+        def run_two(first: memoryview, second: memoryview) -> None:
+            host(ndarray(shape0, dtype0, first), ndarray(shape1, dtype1, second))
+
+        return run_two
+
+    def run(*buffers: memoryview) -> None:
+        host(*[ndarray(shape, dtype, buffer)
+               for (shape, dtype), buffer in zip(avals, buffers, strict=True)])
+
+    return run
 
 
 class _DeviceViewer:
@@ -125,27 +166,22 @@ class _DeviceViewer:
                             memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 
-def site(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...],
-         alias: bool = False) -> Runner:
-    """Return the runner of one call site: ``host(*inputs, *outputs)`` on views of the buffers.
-
-    ``ins`` and ``outs`` are the avals (shape, dtype) of the call's arrays, fixed at trace time.
-    With ``alias`` the output is the input's buffer (``input_output_aliases``): the one view is
-    passed as both, so the host function sees that they are the same array.
-    """
-    in_avals, out_avals = tuple(ins), tuple(outs)
+def _device_runner(host: Callable[..., None], ins: tuple[Any, ...], outs: tuple[Any, ...],
+                   alias: bool) -> Runner:
+    """Return the device runner of one call site: ``host(*inputs, *outputs)`` on the device
+    buffers, viewed by the Viewer the device dispatcher passes."""
 
     def run_aliased(in_buffers: tuple[Any, ...], out_buffers: tuple[Any, ...], view: Viewer
                     ) -> None:
-        out = view(out_buffers[0], out_avals[0])
+        out = view(out_buffers[0], outs[0])
         host(out, out)
 
     if alias:
         return run_aliased
 
     def run(in_buffers: tuple[Any, ...], out_buffers: tuple[Any, ...], view: Viewer) -> None:
-        arrays = [view(b, a) for b, a in zip(in_buffers, in_avals, strict=True)]
-        arrays += [view(b, a) for b, a in zip(out_buffers, out_avals, strict=True)]
+        arrays = [view(b, a) for b, a in zip(in_buffers, ins, strict=True)]
+        arrays += [view(b, a) for b, a in zip(out_buffers, outs, strict=True)]
         host(*arrays)
 
     return run
@@ -238,7 +274,7 @@ def _try_load() -> tuple[Callable[..., list[Any]] | None, str]:
     except Exception as exc:  # a JAX without these internals: the callbacks still work
         return None, f"this JAX ({jax.__version__}) cannot host it ({type(exc).__name__}: {exc})"
     _ffi_native.set_device_dispatch(_dispatch_device)
-    _ffi_native.set_dispatch(_dispatch)
+    _ffi_native.set_sites(_host_sites)
     where = "CUDA handler, not yet run on a GPU" if backend == "gpu" else "CPU handler"
     return bind, f"XLA FFI custom call {TARGET!r}, {where} ({_ffi_native.__file__})"
 

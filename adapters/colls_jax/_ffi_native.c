@@ -5,9 +5,12 @@
  * pointers to its own input and output buffers and one attribute, `key`: the index of the call
  * site in colls_jax._ffi's table (the collective and its static arguments, bound at trace time).
  * The handler wraps each buffer in a writable memoryview (no copy), takes the GIL and calls the
- * Python dispatcher set by `set_dispatch` as dispatch(key, inputs, outputs); the dispatcher views
- * them as NumPy arrays and runs the group's backend call on them. A Python exception becomes an
- * XLA FFI error carrying its message, which JAX raises to the caller.
+ * call site's runner, item `key` of the Python list set by `set_sites`, with those memoryviews as
+ * its positional arguments (inputs, then outputs); the runner views them as NumPy arrays and runs
+ * the group's backend call on them. No tuple and no dispatcher frame stand between XLA and the
+ * runner: at 8 bytes the collective itself costs a few microseconds, and each Python call and
+ * allocation on the way is a visible share of it. A Python exception becomes an XLA FFI error
+ * carrying its message, which JAX raises to the caller.
  *
  * `device_handler` is the same custom call on XLA's CUDA platform. There the buffers are device
  * memory, which no memoryview may wrap: the handler asks XLA for the stream the call runs on and
@@ -29,7 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define INTERFACE 2
+#define INTERFACE 3
 
 /* -- the subset of xla/ffi/api/c_api.h ---------------------------------------------------- */
 
@@ -180,7 +183,7 @@ typedef struct {
 
 /* -- the handler ------------------------------------------------------------------------- */
 
-static PyObject *dispatch = NULL;        /* set by set_dispatch; a strong reference */
+static PyObject *sites = NULL;           /* set by set_sites (a list); a strong reference */
 static PyObject *device_dispatch = NULL; /* set by set_device_dispatch; a strong reference */
 static char empty_buffer[1];      /* what a zero-byte buffer (data may be NULL) is viewed as */
 
@@ -210,9 +213,25 @@ static XLA_FFI_Error *make_error(const XLA_FFI_CallFrame *frame, const char *mes
     return frame->api->XLA_FFI_Error_Create(&args);
 }
 
-/* Return a tuple of the non-token buffers, or NULL (Python error): writable memoryviews of host
- * memory, or (pointer, bytes) pairs of device memory when `device` is set. */
-static PyObject *buffers(const XLA_FFI_Items *items, int device) {
+/* Return a new reference to XLA buffer `buf` as Python sees it, or NULL (Python error): a
+ * writable memoryview of host memory, or a (pointer, bytes) pair of device memory when `device`
+ * is set. */
+static PyObject *view_of(const XLA_FFI_Buffer *buf, int device) {
+    size_t width = dtype_bytes(buf->dtype);
+    if (width == 0) {
+        PyErr_Format(PyExc_TypeError, "colls_jax FFI: XLA dtype %d is not supported", buf->dtype);
+        return NULL;
+    }
+    Py_ssize_t nbytes = (Py_ssize_t)width;
+    for (int64_t d = 0; d < buf->rank; d++) nbytes *= (Py_ssize_t)buf->dims[d];
+    if (device) return Py_BuildValue("(Kn)", (unsigned long long)(uintptr_t)buf->data, nbytes);
+    char *data = (nbytes == 0 || buf->data == NULL) ? empty_buffer : (char *)buf->data;
+    return PyMemoryView_FromMemory(data, nbytes, PyBUF_WRITE);
+}
+
+/* Return a tuple of the non-token device buffers as (pointer, bytes) pairs, or NULL (Python
+ * error). */
+static PyObject *device_buffers(const XLA_FFI_Items *items) {
     Py_ssize_t count = 0;
     for (int64_t i = 0; i < items->size; i++) {
         if (((XLA_FFI_Buffer *)items->items[i])->dtype != XLA_FFI_DataType_TOKEN) count++;
@@ -223,22 +242,7 @@ static PyObject *buffers(const XLA_FFI_Items *items, int device) {
     for (int64_t i = 0; i < items->size; i++) {
         XLA_FFI_Buffer *buf = (XLA_FFI_Buffer *)items->items[i];
         if (buf->dtype == XLA_FFI_DataType_TOKEN) continue;
-        size_t width = dtype_bytes(buf->dtype);
-        if (width == 0) {
-            Py_DECREF(tuple);
-            PyErr_Format(PyExc_TypeError, "colls_jax FFI: XLA dtype %d is not supported",
-                         buf->dtype);
-            return NULL;
-        }
-        Py_ssize_t nbytes = (Py_ssize_t)width;
-        for (int64_t d = 0; d < buf->rank; d++) nbytes *= (Py_ssize_t)buf->dims[d];
-        PyObject *view;
-        if (device) {
-            view = Py_BuildValue("(Kn)", (unsigned long long)(uintptr_t)buf->data, nbytes);
-        } else {
-            char *data = (nbytes == 0 || buf->data == NULL) ? empty_buffer : (char *)buf->data;
-            view = PyMemoryView_FromMemory(data, nbytes, PyBUF_WRITE);
-        }
+        PyObject *view = view_of(buf, 1);
         if (view == NULL) {
             Py_DECREF(tuple);
             return NULL;
@@ -246,6 +250,28 @@ static PyObject *buffers(const XLA_FFI_Items *items, int device) {
         PyTuple_SET_ITEM(tuple, at++, view);
     }
     return tuple;
+}
+
+/* The most buffers (inputs and outputs, tokens not counted) a host call passes its runner: a
+ * colls_jax collective has at most one of each. */
+#define MAX_VIEWS 8
+
+/* Append memoryviews of the non-token host buffers of `items` to views[*count...]; return 0, or
+ * -1 (Python error; the views appended so far stay for the caller to release). */
+static int append_views(const XLA_FFI_Items *items, PyObject **views, Py_ssize_t *count) {
+    for (int64_t i = 0; i < items->size; i++) {
+        XLA_FFI_Buffer *buf = (XLA_FFI_Buffer *)items->items[i];
+        if (buf->dtype == XLA_FFI_DataType_TOKEN) continue;
+        if (*count == MAX_VIEWS) {
+            PyErr_Format(PyExc_ValueError, "colls_jax FFI: a call passes more than %d buffers",
+                         MAX_VIEWS);
+            return -1;
+        }
+        PyObject *view = view_of(buf, 0);
+        if (view == NULL) return -1;
+        views[(*count)++] = view;
+    }
+    return 0;
 }
 
 static int64_t key_of(const XLA_FFI_CallFrame *frame) {
@@ -297,27 +323,47 @@ static PyGILState_STATE take_gil(void) {
     return PyGILState_Ensure();
 }
 
-/* Call the dispatcher (`device`: the device one, with `stream` and `ordinal`) on the frame's
- * buffers, GIL held; return its error or NULL. */
-static XLA_FFI_Error *call_dispatcher(const XLA_FFI_CallFrame *frame, int64_t key, int device,
-                                      void *stream, int32_t ordinal) {
+/* Call the host runner `key` (set_sites) on memoryviews of the frame's buffers; return its
+ * error or NULL. */
+static XLA_FFI_Error *call_site(const XLA_FFI_CallFrame *frame, int64_t key) {
     PyGILState_STATE gil = take_gil();
-    XLA_FFI_Error *error = NULL;
-    PyObject *ins = buffers(&frame->args, device);
-    PyObject *outs = ins == NULL ? NULL : buffers(&frame->rets, device);
+    PyObject *views[MAX_VIEWS];
+    Py_ssize_t count = 0;
     PyObject *result = NULL;
-    PyObject *fn = device ? device_dispatch : dispatch;
-    if (outs != NULL) {
-        if (fn == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "colls_jax FFI: no dispatcher was set");
-        } else if (device) {
-            result = PyObject_CallFunction(fn, "LOOKi", (long long)key, ins, outs,
-                                           (unsigned long long)(uintptr_t)stream, (int)ordinal);
+    if (append_views(&frame->args, views, &count) == 0 &&
+        append_views(&frame->rets, views, &count) == 0) {
+        if (sites == NULL || key >= PyList_GET_SIZE(sites)) {
+            PyErr_Format(PyExc_RuntimeError, "colls_jax FFI: no call site %lld was registered",
+                         (long long)key);
         } else {
-            result = PyObject_CallFunction(fn, "LOO", (long long)key, ins, outs);
+            result = PyObject_Vectorcall(PyList_GET_ITEM(sites, key), views, (size_t)count,
+                                         NULL);
         }
     }
-    if (result == NULL) error = error_from_python(frame);
+    XLA_FFI_Error *error = result == NULL ? error_from_python(frame) : NULL;
+    Py_XDECREF(result);
+    for (Py_ssize_t i = 0; i < count; i++) Py_DECREF(views[i]);
+    PyGILState_Release(gil);
+    return error;
+}
+
+/* Call the device dispatcher on the frame's buffers as (pointer, bytes) pairs, with `stream`
+ * and `ordinal`; return its error or NULL. */
+static XLA_FFI_Error *call_device_dispatcher(const XLA_FFI_CallFrame *frame, int64_t key,
+                                             void *stream, int32_t ordinal) {
+    PyGILState_STATE gil = take_gil();
+    PyObject *ins = device_buffers(&frame->args);
+    PyObject *outs = ins == NULL ? NULL : device_buffers(&frame->rets);
+    PyObject *result = NULL;
+    if (outs != NULL) {
+        if (device_dispatch == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "colls_jax FFI: no dispatcher was set");
+        } else {
+            result = PyObject_CallFunction(device_dispatch, "LOOKi", (long long)key, ins, outs,
+                                           (unsigned long long)(uintptr_t)stream, (int)ordinal);
+        }
+    }
+    XLA_FFI_Error *error = result == NULL ? error_from_python(frame) : NULL;
     Py_XDECREF(result);
     Py_XDECREF(ins);
     Py_XDECREF(outs);
@@ -328,7 +374,7 @@ static XLA_FFI_Error *call_dispatcher(const XLA_FFI_CallFrame *frame, int64_t ke
 static XLA_FFI_Error *run(const XLA_FFI_CallFrame *frame) {
     int64_t key = key_of(frame);
     if (key < 0) return make_error(frame, "colls_jax FFI: the call has no int64 attribute 'key'");
-    return call_dispatcher(frame, key, 0, NULL, 0);
+    return call_site(frame, key);
 }
 
 /* The device handler's run: XLA's stream and device ordinal, then the device dispatcher. */
@@ -354,7 +400,7 @@ static XLA_FFI_Error *run_device(const XLA_FFI_CallFrame *frame) {
         if (error != NULL) return error;
         ordinal = device_args.device_ordinal;
     }
-    return call_dispatcher(frame, key, 1, stream_args.stream, ordinal);
+    return call_device_dispatcher(frame, key, stream_args.stream, ordinal);
 }
 
 /* XLA asks for the handler's API version and traits when it registers the target: no traits
@@ -398,8 +444,14 @@ static PyObject *set_callable(PyObject **slot, PyObject *fn, const char *name) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_dispatch(PyObject *self, PyObject *fn) {
-    return set_callable(&dispatch, fn, "set_dispatch");
+static PyObject *py_set_sites(PyObject *self, PyObject *list) {
+    if (!PyList_CheckExact(list)) {
+        PyErr_SetString(PyExc_TypeError, "set_sites expects a list");
+        return NULL;
+    }
+    Py_INCREF(list);
+    Py_XSETREF(sites, list);
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_set_device_dispatch(PyObject *self, PyObject *fn) {
@@ -410,8 +462,9 @@ static PyMethodDef methods[] = {
     {"handler", py_handler, METH_NOARGS, "The XLA FFI handler (host buffers), as a PyCapsule."},
     {"device_handler", py_device_handler, METH_NOARGS,
      "The XLA FFI handler of the CUDA platform (device buffers), as a PyCapsule."},
-    {"set_dispatch", py_set_dispatch, METH_O,
-     "Set dispatch(key, inputs, outputs), called with tuples of memoryviews."},
+    {"set_sites", py_set_sites, METH_O,
+     "Set the list of host call sites: the handler calls item `key` with a writable memoryview "
+     "of each input and output buffer, in that order."},
     {"set_device_dispatch", py_set_device_dispatch, METH_O,
      "Set dispatch(key, inputs, outputs, stream, device), called with tuples of "
      "(pointer, bytes) pairs, XLA's stream as an int and the device ordinal (-1: unknown)."},

@@ -18,6 +18,7 @@ were validated at trace time, so nothing here raises for a caller mistake.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -51,15 +52,18 @@ def bind(fn: Callable[..., Any], target: Target, name: str, **static: Any) -> Ca
     another size is refused with a clear error instead of results of the wrong shape.
     """
 
+    group, size = target.group, target.size
+    call = functools.partial(fn, group=group, **static)  # its keywords merge in C, per call
+
     def run(*arrays: Any) -> Any:
-        current = colls.get_world_size(target.group)
-        if current != target.size:
+        current = colls.get_world_size(group)
+        if current != size:
             raise ValueError(
                 f"colls_jax.{name} on rank {colls.get_rank()}: this call was traced for a group "
-                f"of {target.size} ranks but the group now has {current}; the process group "
+                f"of {size} ranks but the group now has {current}; the process group "
                 "was re-created with another size. Call jax.clear_caches() or jit a new function."
             )
-        return fn(*arrays, group=target.group, **static)
+        return call(*arrays)
 
     return run
 
@@ -93,8 +97,9 @@ def _load(x: Any, out: Any) -> None:
 
 def all_reduce(x: Any, out: Any, *, op: Any, group: Any) -> None:
     """Write the reduction of ``x`` over the group into ``out``."""
-    _load(x, out)
-    colls.all_reduce(out, op=op, group=group)
+    if x is not out:  # aliased (the FFI path) or copied already (the eager path): in place
+        _load(x, out)
+    colls.all_reduce(out, op, group)
 
 
 def broadcast(x: Any, out: Any, *, root: int, group: Any) -> None:

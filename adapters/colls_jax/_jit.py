@@ -117,7 +117,7 @@ def call_nullary(name: str, host: Callable[[np.ndarray], None], result: jax.Shap
     check_not_mapped(name)
     bind = _ffi.load()
     if bind is not None:
-        key = _ffi.add_site(_ffi.site(host, (), (result,)))
+        key = _ffi.add_site(host, (), (result,))
         return bind(key=key, results=(_aval(result),), alias=False)[0]  # type: ignore[no-any-return]
 
     def allocate() -> np.ndarray:
@@ -201,7 +201,7 @@ def _staged(op: HostOp, x: jax.Array) -> jax.Array | None:
         outs = () if result is None else (result,)
         alias = op.in_place and result is not None
         spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        key = _ffi.add_site(_ffi.site(op.host, (spec,), outs, alias=alias))
+        key = _ffi.add_site(op.host, (spec,), outs, alias=alias)
         values = bind(x, key=key, results=tuple(_aval(r) for r in outs), alias=alias)
         return values[0] if values else None
     return io_callback(lambda v: _run_host(op, v), result, x, ordered=True)

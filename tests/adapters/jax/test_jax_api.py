@@ -333,9 +333,9 @@ def test_ffi_path_hands_xla_buffers_to_colls_without_a_copy(jit_path: str, monke
     seen: dict[str, int] = {}
     real_reduce, real_gather = colls.all_reduce, colls.all_gather_into_tensor
 
-    def spy_reduce(out, **kwargs):
+    def spy_reduce(out, *args, **kwargs):
         seen["all_reduce"] = out.ctypes.data
-        return real_reduce(out, **kwargs)
+        return real_reduce(out, *args, **kwargs)
 
     def spy_gather(out, src, **kwargs):
         seen["all_gather"] = src.ctypes.data
@@ -364,12 +364,12 @@ def test_ffi_handler_keeps_each_xla_threads_python_state(jit_path: str, monkeypa
     threads: set[int] = set()
     real_reduce = colls.all_reduce
 
-    def spy_reduce(out, **kwargs):
+    def spy_reduce(out, *args, **kwargs):
         threads.add(threading.get_native_id())
         if not hasattr(local, "seen"):
             local.seen = True
             fresh.append(threading.get_native_id())
-        return real_reduce(out, **kwargs)
+        return real_reduce(out, *args, **kwargs)
 
     monkeypatch.setattr(colls, "all_reduce", spy_reduce)
 

@@ -1,7 +1,8 @@
-"""The CPU side of colls_jax's CUDA FFI handler (``_ffi_native.device_handler``).
+"""colls_jax's FFI handlers called as XLA calls them: the CPU side of the CUDA handler
+(``_ffi_native.device_handler``), and the host handler's hand-off to its call sites.
 
-No GPU runs here: tests/gpu/test_jax_cuda.py runs the handler under XLA on one. These tests
-check what can be checked without one:
+No GPU runs here: tests/gpu/test_jax_cuda.py runs the device handler under XLA on one. These
+tests check what can be checked without one:
 
 * the subset of XLA's FFI C API that ``_ffi_native.c`` declares has the layout of jaxlib's own
   ``xla/ffi/api/c_api.h`` (both compiled, offsets compared): the device handler reads
@@ -10,7 +11,11 @@ check what can be checked without one:
   as ctypes callbacks), hands the device dispatcher the call site's key, every non-token buffer
   as its (pointer, bytes), the stream XLA_FFI_Stream_Get returned and the device ordinal; it
   answers XLA's metadata query, and it turns a dispatcher's exception and an FFI API error into
-  XLA errors.
+  XLA errors;
+* the host handler (``_ffi_native.handler``, which jitted programs on the CPU run in every other
+  test of colls_jax) calls the call site ``key`` of the list ``set_sites`` gave it with a
+  writable memoryview of each non-token buffer, inputs then outputs, and turns a missing site
+  and a runner's exception into XLA errors.
 """
 
 from __future__ import annotations
@@ -294,3 +299,51 @@ def test_declared_ffi_structs_match_jaxlibs_c_api_header(tmp_path):
     real = '#include <stddef.h>\n#include "xla/ffi/api/c_api.h"\n'
     expected = _run_c(_offsets_program(real), tmp_path, "real", jax.ffi.include_dir())
     assert _run_c(_offsets_program(ours), tmp_path, "ours") == expected
+
+
+@pytest.fixture
+def sites():
+    """Give the host handler a list of call sites of its own; restore colls_jax's afterwards."""
+    from colls_jax import _ffi
+
+    mine: list = []
+    _ffi_native.set_sites(mine)
+    yield mine
+    _ffi_native.set_sites(_ffi._host_sites)
+
+
+def test_host_handler_calls_the_site_with_a_writable_view_of_each_buffer(sites):
+    seen = []
+
+    def runner(*views):  # the views are XLA's memory: read and write them during the call only
+        seen.append([(v.readonly, v.nbytes, np.frombuffer(v, np.float32).tolist()) for v in views])
+        np.frombuffer(views[-1], np.float32)[:] = 7.0
+
+    sites += [None, runner]
+    x, y = np.arange(6, dtype=np.float32).reshape(2, 3), np.array([9.0], np.float32)
+    out = np.zeros(4, np.float32)
+    xla = FakeXla()
+    assert call(_ffi_native.handler(), xla.frame(1, [x, None, y], [None, out])) is None
+    assert xla.errors == []
+    assert seen == [[(False, 24, x.ravel().tolist()), (False, 4, [9.0]),
+                     (False, 16, [0.0] * 4)]]
+    assert out.tolist() == [7.0] * 4  # written in place, no copy
+
+
+def test_host_handler_names_a_call_site_that_was_never_registered(sites):
+    sites.append(lambda *views: None)
+    xla = FakeXla()
+    x = np.zeros(2, np.float32)
+    assert call(_ffi_native.handler(), xla.frame(5, [x], [x])) == 0xE0
+    assert xla.errors == ["RuntimeError: colls_jax FFI: no call site 5 was registered"]
+
+
+def test_host_handler_turns_a_runners_exception_into_an_xla_error(sites):
+    def fails(*views):
+        raise ValueError("colls_jax.all_reduce on rank 0: the peer left")
+
+    sites.append(fails)
+    xla = FakeXla()
+    x = np.zeros(2, np.float32)
+    assert call(_ffi_native.handler(), xla.frame(0, [x], [x])) == 0xE0
+    assert xla.errors == ["ValueError: colls_jax.all_reduce on rank 0: the peer left"]
