@@ -111,6 +111,7 @@ class TcpBackend(Backend):
             raise
         self._keeps_world_hosts = found.keeps_world_hosts
         self._hosts: HostMap = found.hosts
+        self._hosts_apart = self._hosts.num_hosts > 1  # read by every collective (_shm_for)
         self._shm: ShmGroup | None = found.shm
         if self._shm is not None and Channels.available(self._shm):  # p2p with host peers
             local = found.hosts.hosts[found.hosts.host_of(rank)]
@@ -228,7 +229,7 @@ class TcpBackend(Backend):
         the collective forces the point-to-point algorithm it names.
         """
         shm = self._shm
-        if shm is None or self._hosts.num_hosts > 1 or collective in select.overrides():
+        if shm is None or self._hosts_apart or collective in select.overrides():
             return None
         return shm
 
@@ -283,7 +284,8 @@ class TcpBackend(Backend):
 
     def all_reduce(self, array: Any, op: ReduceSpec, tag: int) -> None:
         """Reduce ``array`` across the group in place (shared memory when available)."""
-        if array.size and self._two_level("all_reduce", array.nbytes, array, op, tag):
+        if array.size and self._topology is not None \
+                and self._two_level("all_reduce", array.nbytes, array, op, tag):
             return None
         shm = self._shm_for("all_reduce")
         if shm is None:
