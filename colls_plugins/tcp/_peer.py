@@ -7,6 +7,7 @@ belongs to the progress thread alone.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import deque
 from typing import Any
@@ -19,6 +20,8 @@ from colls_plugins.tcp.connections import Connection
 
 #: Buffers gathered into one ``sendmsg`` when flushing queued sends (far below IOV_MAX).
 MAX_IOV = 64
+#: Flags of every write to a peer's socket: a peer that is gone is an error, not a SIGPIPE.
+SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 #: Receive states of a connection: reading a header, a body into a buffer, a body to discard,
 #: and holding: a header was read whose body waits, unread, for its receive to be posted.

@@ -1,6 +1,6 @@
 """What the tcp progress thread sleeps on: its selector, and the socketpair that wakes it.
 
-The progress thread (:mod:`colls_plugins.tcp.engine`) blocks in :meth:`Poller.select` with no
+The progress thread (:mod:`colls_plugins.tcp._progress`) blocks in :meth:`Poller.select` with no
 CPU while idle. Other threads change what it watches (:meth:`Poller.watch`; the selector tolerates
 changes while another thread selects) and wake it with one byte on a socketpair: to flush a send
 queue the kernel did not take at once (:meth:`Poller.request_write`), or to look at the host

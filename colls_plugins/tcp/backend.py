@@ -216,7 +216,7 @@ class TcpBackend(Backend):
     def batch_isend_irecv_init(self, ops: Sequence[tuple[str, Any, int | None, int]]
                                ) -> PreparedBatch:
         """Prepare a batch whose messages all go through host peers' rings as the engine's
-        :class:`~colls_plugins.tcp.engine.RingBatch` (channels, sizes and flags looked at
+        :class:`~colls_plugins.tcp._ring_batch.RingBatch` (channels, sizes and flags looked at
         once); any other batch is started through :meth:`batch_isend_irecv` each time."""
         batch = self._engine.ring_batch(ops)
         return batch if batch is not None else super().batch_isend_irecv_init(ops)

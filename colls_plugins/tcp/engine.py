@@ -1,7 +1,9 @@
 """The tcp progress engine: one thread per backend moves every byte, and sleeps while idle.
 
-The engine keeps the progress loop and the matching of socket messages; each other job is a
-room of its own, composed here and handed the state it works on in the open:
+The engine keeps the posting of sends and receives and the matching of socket messages, and
+mixes in the progress thread's half (:mod:`~colls_plugins.tcp._progress`: the loop, what
+arrives on the sockets, failure and shutdown); each other job is a room of its own, composed
+here and handed the state it works on in the open:
 
 * :mod:`~colls_plugins.tcp.host_peers`: the ranks of this host, through rings in shared memory;
 * :mod:`~colls_plugins.tcp._holds`: holding large unmatched messages in the socket, and the
@@ -32,19 +34,11 @@ Locks (never held while completing a Work, so completion callbacks may post more
 inbox's ``lock`` guards the match table, the held peers and the closed state; each peer's
 ``send_lock`` guards its socket writes, send queue and selector registration.
 
-Failure: any OSError or EOF on a connection marks that peer dead and fails, with a
-:class:`~colls.errors.NetworkError` naming the rank and address, every pending send to it, every
-pending receive from it and (unless the peer left in an orderly way) every pending any-source
-receive; later operations with a dead peer fail at once. An exception escaping the progress loop
-fails all pending work. :meth:`Engine.close` fails whatever is still pending with
-``BackendError("tcp backend closed")``.
+Failure and shutdown: :mod:`~colls_plugins.tcp._progress`.
 """
 
 from __future__ import annotations
 
-import logging
-import selectors
-import socket
 import threading
 import time
 from collections import deque
@@ -54,32 +48,24 @@ from typing import Any
 import numpy as np
 
 from colls import env
-from colls.backend import PreparedBatch
 from colls.errors import BackendError, CollsError, NetworkError
 from colls.matching import Message, RecvOp, copy_bytes
 from colls.work import Work
 from colls_plugins.tcp._accepting import Acceptor
 from colls_plugins.tcp._deferred import Deferred, DeferredReceive
-from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, HOLD_TAG, byte_view
+from colls_plugins.tcp._frames import HEADER, byte_view
 from colls_plugins.tcp._holds import Holds
 from colls_plugins.tcp._links import Links
 from colls_plugins.tcp._matching import Completions, Inbox, finish, wrong_size
-from colls_plugins.tcp._mismatch import PROBE_TAG, probed_tag
-from colls_plugins.tcp._peer import RX_BODY, RX_DRAIN, RX_HELD, Peer, SendOp, consume, write_queue
+from colls_plugins.tcp._peer import SEND_FLAGS, Peer, SendOp, consume
 from colls_plugins.tcp._poller import Poller
 from colls_plugins.tcp._probes import Probes
-from colls_plugins.tcp._reading import CALLER_POLL_SECONDS, Reader
+from colls_plugins.tcp._progress import EngineProgress
+from colls_plugins.tcp._reading import Reader
+from colls_plugins.tcp._ring_batch import RingBatch
 from colls_plugins.tcp.connections import Connection, Mesh
 from colls_plugins.tcp.host_peers import HostPeers
 from colls_plugins.tcp.shm.p2p import Channel, Channels
-
-logger = logging.getLogger("colls.tcp")
-
-#: Seconds close() waits for the progress thread to exit.
-JOIN_TIMEOUT_SECONDS = 10.0
-
-_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
-_GOODBYE = HEADER.pack(GOODBYE_TAG, 0)
 
 
 class _RecvDescription:
@@ -114,7 +100,7 @@ def _nothing(*_args: Any) -> None:
     """What a group of one (no progress thread) does to wake its thread or flush a peer."""
 
 
-class Engine:
+class Engine(EngineProgress):
     """Point-to-point over connections opened on demand, progressed by one background thread.
 
     Args:
@@ -249,7 +235,7 @@ class Engine:
                 queued = True
             elif refusal is None:
                 try:
-                    sent = peer.sock.sendmsg(list(op.buffers), (), _SEND_FLAGS)
+                    sent = peer.sock.sendmsg(list(op.buffers), (), SEND_FLAGS)
                 except OSError:  # would block, or broken: the progress thread sorts it out
                     sent = 0
                 consume(op.buffers, sent)
@@ -482,67 +468,6 @@ class Engine:
         assert self._poller is not None
         self._poller.request_write(peer)
 
-    def peer_error(self, rank: int) -> BaseException | None:
-        """Return why waiting for ``rank`` is pointless (closed, broken, peer lost), or None.
-
-        Used by the shared-memory collectives, which learn of a dead peer from its connection.
-        They call it while they sleep, so it also moves ring entries into the match table: a
-        host peer blocked in a send this rank is to read from its memory (shm_remote) must not
-        wait for this rank's collective to end, which may need that peer.
-        """
-        self._hosts.poll()
-        refusal = self._refusal()
-        if refusal is not None:
-            return refusal
-        peer = self._peers.get(rank)
-        return peer.dead if peer is not None else None
-
-    # -- fail-fast hooks (colls.health) --------------------------------------------------------
-    def set_failure_listener(self, callback: Callable[[int, BaseException], None]) -> None:
-        """Call ``callback(rank, error)`` (progress thread) when a peer vanishes abruptly."""
-        self._on_peer_lost = callback
-
-    def abort(self, error: BackendError) -> None:
-        """Fail every pending operation with ``error`` and refuse new ones. Idempotent.
-
-        The group is broken: connections stay open (peers learn the cause from colls.health,
-        not from a dropped connection) until close(). Buffers of failed receives are undefined.
-        """
-        inbox = self._inbox
-        with inbox.lock:
-            if inbox.closed or inbox.broken is not None:
-                return
-            inbox.broken = error
-            pending: list[Any] = self._table.remove_all()
-            peers = self._links.snapshot()
-            for peer in peers:
-                pending.extend(self._rx_pending(peer))
-        for peer in peers:
-            with peer.send_lock:
-                pending.extend(peer.send_queue)
-        for op in pending:
-            op.work.set_exception(error)
-
-    def close(self) -> None:
-        """Stop the thread, say goodbye to peers, close sockets, fail pending work. Idempotent."""
-        inbox = self._inbox
-        with inbox.lock:
-            if inbox.closed:
-                return
-            inbox.closed = True
-        if self._thread is not None:
-            assert self._poller is not None
-            self._poller.wake()
-            self._thread.join(JOIN_TIMEOUT_SECONDS)
-            if self._thread.is_alive():
-                logger.warning("tcp: progress thread %s did not exit", self._thread.name)
-        closed = BackendError("tcp backend closed")
-        works = [op.work for op in self._release_all(goodbye=True)]
-        if self._poller is not None:
-            self._poller.close()
-        for work in works:
-            work.set_exception(closed)
-
     # --------------------------------------------------------------------------- refusals
     def _recv_refusal(self, src: int | None) -> BackendError | None:
         """Return why a receive from ``src`` can never complete (lock held), or None."""
@@ -598,246 +523,3 @@ class Engine:
             op.work.set_result(self.rank)
         work.set_result(None)
         return work
-
-    # --------------------------------------------------------------------------- progress thread
-    def _run(self) -> None:
-        poller = self._poller
-        assert poller is not None
-        inbox, hosts, acceptor, reader = self._inbox, self._hosts, self._acceptor, self._reader
-        try:
-            while not inbox.closed:
-                self._probes.send_due()
-                self._holds.tick()
-                for key, mask in poller.select(self._select_timeout()):
-                    peer = key.data
-                    if peer is None:  # the wake-up socket
-                        for writer in poller.take_writers():
-                            self._flush(writer)
-                        continue
-                    if not isinstance(peer, Peer):
-                        assert acceptor is not None  # only a lazy group registers handshakes
-                        acceptor.on_event(key)
-                        continue
-                    if mask & selectors.EVENT_WRITE and peer.dead is None:
-                        self._flush(peer)
-                    if mask & selectors.EVENT_READ and peer.dead is None:
-                        with reader.lock:
-                            reader.read(peer)
-                        if peer.rx_mode == RX_HELD:
-                            poller.sync_read_interest(peer)
-                if acceptor is not None:
-                    acceptor.drop_half_open()
-                hosts.progress()
-        except BaseException as exc:  # never die silently: fail everything pending
-            self._crash(exc)
-
-    def _select_timeout(self) -> float:
-        """Sleep until the next probe is due, the rings need a look or a handshake times out."""
-        timeout = self._hosts.timeout(self._probes.timeout())
-        if self._acceptor is not None:
-            timeout = self._acceptor.timeout(timeout)
-        return timeout
-
-    def _crash(self, exc: BaseException) -> None:
-        logger.exception("tcp: progress thread of rank %d failed", self.rank)
-        error = BackendError(f"tcp: progress thread of rank {self.rank} failed: {exc!r}")
-        error.__cause__ = exc
-        with self._lock:
-            self._inbox.broken = error
-        for op in self._release_all(goodbye=False):
-            op.work.set_exception(error)
-
-    def _flush(self, peer: Peer) -> None:
-        """Write as much of ``peer``'s send queue as the kernel takes (progress thread)."""
-        with peer.send_lock:
-            if peer.dead is not None:
-                return
-            finished, error = write_queue(peer, _SEND_FLAGS)
-            if error is None:
-                assert self._poller is not None
-                self._poller.set_write_interest(peer, bool(peer.send_queue))
-        for op in finished:
-            op.work.set_result(None)
-        if error is not None:
-            self._fail_peer(peer, f"send failed: {error}")
-
-    # --------------------------------------------------------------------------- receiving
-    def poll_until(self, work: Work, seconds: float = CALLER_POLL_SECONDS) -> None:
-        """Read the sockets (and rings) on the calling thread until ``work`` completes or
-        ``seconds`` pass (:meth:`Reader.poll`): a thread about to wait for a receive calls it."""
-        if self._thread is not None:
-            hosts = self._hosts
-            self._reader.poll(work, list(self._peers.values()),
-                              hosts.poll if hosts.ranks else None, seconds)
-
-    def _on_header(self, peer: Peer, tag: int, nbytes: int) -> None:
-        """Act on a header that just arrived from ``peer`` (the reader's lock held)."""
-        if tag == GOODBYE_TAG:
-            self._fail_peer(peer, "peer closed its backend", orderly=True)
-        elif tag == PROBE_TAG:
-            peer.reset_rx()
-            self._probes.on_probe(peer, probed_tag(nbytes))
-        elif tag == HOLD_TAG:  # the peer holds our message unread (1) or no longer (0)
-            peer.reset_rx()
-            self._holds.on_frame(peer, nbytes)
-        elif nbytes > self._max_message:
-            self._fail_peer(peer, f"it announced a message of {nbytes} bytes (tag {tag}), more "
-                            f"than COLLS_MAX_MESSAGE_BYTES={self._max_message} allows")
-        else:
-            self._start_body(peer, tag, nbytes)
-
-    def _start_body(self, peer: Peer, tag: int, nbytes: int) -> None:
-        """Route the body of a message whose header just arrived."""
-        mismatched = None
-        channel = self._channel_for(peer.rank)
-        done: Completions = []
-        inbox = self._inbox
-        holds = self._holds
-        with inbox.lock:
-            if channel is not None:  # ring entries sent before this message come first
-                self._hosts.drain(channel, done, force=True)
-            op = self._table.match_arrival(peer.rank, tag)
-            stale, conflict = inbox.tracker.on_arrival(peer.rank, tag, op is not None, self._table)
-            hold = op is None and not stale and holds.must_hold(peer.rank, nbytes)
-            if not hold:
-                inbox.count_arrival(peer.rank)
-            if hold:
-                holds.hold(peer, tag, nbytes)
-            elif op is None:
-                peer.rx_msg = self._table.add_unexpected(peer.rank, tag, nbytes)
-                target = memoryview(peer.rx_msg.buffer)
-            elif op.view.nbytes != nbytes:
-                mismatched = op
-            else:
-                peer.rx_op = op
-                target = op.view
-        finish(done)
-        if hold:
-            return
-        for stale_op in stale:  # a receive this message proves can never match
-            stale_op.work.set_exception(BackendError(f"{stale_op.work.description}: {conflict}"))
-        if mismatched is not None:
-            mismatched.work.set_exception(wrong_size(mismatched, peer.rank, nbytes))
-            peer.reset_rx()
-            if nbytes:
-                peer.rx_mode, peer.rx_left = RX_DRAIN, nbytes  # keep the stream in step
-        elif nbytes == 0:
-            self._finish_body(peer)  # recv_into on an empty view would look like EOF
-        else:
-            peer.rx_mode, peer.rx_view, peer.rx_pos = RX_BODY, target, 0
-
-    def _finish_body(self, peer: Peer) -> None:
-        op, message = peer.rx_op, peer.rx_msg
-        peer.reset_rx()
-        if op is not None:
-            op.work.set_result(peer.rank)
-            return
-        assert message is not None  # one of the two is always set in body mode
-        with self._lock:
-            message.done = True
-            waiter = message.waiter
-        if waiter is not None:
-            self._complete_from(waiter, message)
-
-    # --------------------------------------------------------------------------- failure
-    def _fail_peer(self, peer: Peer, cause: str, *, orderly: bool = False) -> None:
-        """Mark ``peer`` dead and fail the work that depended on it (progress thread)."""
-        if peer.dead is not None:
-            return
-        # what it wrote into its ring before it left is delivered
-        unread = self._hosts.peer_lost(peer.rank)
-        error = NetworkError(
-            f"tcp: connection to rank {peer.rank} ({peer.address}) lost: {cause}"
-        )
-        peer.dead = error
-        self._holds.leases.end(peer)
-        listener = self._on_peer_lost
-        if not orderly and listener is not None:
-            listener(peer.rank, error)  # colls.health breaks the group before works fail
-        with peer.send_lock:
-            sends = list(peer.send_queue)
-            peer.send_queue.clear()
-            if self._poller is not None:
-                self._poller.forget(peer)
-            peer.sock.close()
-        inbox = self._inbox
-        with inbox.lock:
-            inbox.held.discard(peer)
-            if not orderly and self._abrupt is None:
-                self._abrupt = error
-            recvs = self._table.remove_from(peer.rank) + self._rx_pending(peer)
-            if not orderly or self._all_gone():
-                recvs += self._table.remove_any_source()
-        peer.reset_rx()
-        log = logger.info if orderly else logger.warning
-        log("tcp: rank %d: %s", self.rank, error)
-        for op in [*sends, *recvs, *unread]:
-            op.work.set_exception(error)
-
-    def _rx_pending(self, peer: Peer) -> list[RecvOp]:
-        """Return the receive ``peer``'s half-read message was for (lock held)."""
-        if peer.rx_op is not None:
-            return [peer.rx_op]
-        if peer.rx_msg is not None:
-            if peer.rx_msg.waiter is not None:
-                return [peer.rx_msg.waiter]
-            self._table.discard(peer.rx_msg)
-        return []
-
-    def _release_all(self, *, goodbye: bool) -> list[Any]:
-        """Close every connection and return every pending send and receive (after the loop)."""
-        pending: list[Any] = []
-        self._links.close()
-        if self._acceptor is not None:
-            self._acceptor.close()  # its handshakes and the listener
-        elif self._mesh is not None:
-            self._mesh.close()
-        pending.extend(self._hosts.close())  # before the remote sends' arrays may be freed
-        peers = self._links.snapshot()
-        for peer in peers:
-            with peer.send_lock:
-                pending.extend(peer.send_queue)
-                mid_frame = bool(peer.send_queue) and peer.send_queue[0].started
-                peer.send_queue.clear()
-                if peer.dead is None:
-                    if goodbye and not mid_frame:
-                        try:
-                            peer.sock.send(_GOODBYE, _SEND_FLAGS)
-                        except OSError:
-                            pass
-                    peer.dead = NetworkError(f"tcp: connection to rank {peer.rank} closed")
-                    peer.sock.close()
-        with self._lock:
-            for peer in peers:
-                pending.extend(self._rx_pending(peer))
-            pending.extend(self._table.remove_all())
-        return pending
-
-
-class RingBatch(PreparedBatch):
-    """A batch whose messages all go through host peers' rings, prepared once
-    (:meth:`Engine.ring_batch`; ``colls.batch_isend_irecv_init``): each start writes the sends
-    and takes (or leaves to their waiters) the receives as :meth:`Engine.isend` and
-    :meth:`Engine.irecv` would, without looking up the channels, sizes and flags again. Sends
-    go first, as the backend's batch of such messages does.
-    """
-
-    def __init__(self, engine: Engine, count: int,
-                 sends: list[tuple[int, Channel, int, np.ndarray, int]],
-                 receives: list[tuple[int, Channel, int, np.ndarray, int, Any]]) -> None:
-        self._engine = engine
-        self._count = count
-        self._sends = sends
-        self._receives = receives
-
-    def start(self) -> list[Work]:
-        """Start every op; return their Works in the batch's order."""
-        works: list[Any] = [None] * self._count
-        send = self._engine.ring_isend
-        for i, channel, dst, array, tag in self._sends:
-            works[i] = send(channel, dst, array, tag)
-        receive = self._engine.ring_irecv
-        for i, channel, src, array, tag, description in self._receives:
-            works[i] = receive(channel, src, array, tag, description)
-        return works
-

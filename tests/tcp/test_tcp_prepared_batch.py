@@ -11,7 +11,7 @@ import pytest
 from tcp_helpers import NEEDS_SHM, WAIT
 
 from colls.backend import RestartedBatch
-from colls_plugins.tcp.engine import RingBatch
+from colls_plugins.tcp._ring_batch import RingBatch
 from colls_plugins.tcp.shm.p2p import INLINE_MAX_BYTES
 
 pytestmark = [
