@@ -98,9 +98,9 @@ class MpiMessages(Backend):
         buffer. Sends keep their order among themselves, and receives theirs, so matching is
         the same either way (the backend contract).
         """
-        if any(kind != "isend" and array.nbytes > SENDS_FIRST_MAX_BYTES
-               for kind, array, _peer, _tag in ops):
-            return super().batch_isend_irecv(ops)
+        for kind, array, _peer, _tag in ops:  # a loop, not any(): no generator per batch
+            if kind != "isend" and array.nbytes > SENDS_FIRST_MAX_BYTES:
+                return super().batch_isend_irecv(ops)
         works: list[Any] = [None] * len(ops)
         posted: list[tuple[int, Any]] = []  # (index, request) of the sends not tested yet
         try:
