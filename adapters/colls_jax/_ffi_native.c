@@ -336,8 +336,10 @@ static XLA_FFI_Error *call_site(const XLA_FFI_CallFrame *frame, int64_t key) {
             PyErr_Format(PyExc_RuntimeError, "colls_jax FFI: no call site %lld was registered",
                          (long long)key);
         } else {
-            result = PyObject_Vectorcall(PyList_GET_ITEM(sites, key), views, (size_t)count,
-                                         NULL);
+            PyObject *site = PyList_GET_ITEM(sites, key);
+            Py_INCREF(site); /* held through the call, whatever set_sites does meanwhile */
+            result = PyObject_Vectorcall(site, views, (size_t)count, NULL);
+            Py_DECREF(site);
         }
     }
     XLA_FFI_Error *error = result == NULL ? error_from_python(frame) : NULL;
