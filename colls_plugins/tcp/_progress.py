@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from colls.errors import BackendError, NetworkError
-from colls.matching import Message, RecvOp
+from colls.matching import MatchTable, Message, RecvOp
 from colls.work import Work
 from colls_plugins.tcp._accepting import Acceptor
 from colls_plugins.tcp._frames import GOODBYE_TAG, HEADER, HOLD_TAG
@@ -62,7 +62,7 @@ class EngineProgress:
     _mesh: Mesh | None
     _inbox: Inbox
     _lock: threading.Lock
-    _table: Any
+    _table: MatchTable
     _refusal: Callable[[], BackendError | None]
     _on_peer_lost: Callable[[int, BaseException], None] | None
     _abrupt: NetworkError | None
