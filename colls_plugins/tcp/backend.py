@@ -56,6 +56,11 @@ SETUP_SETTINGS = ("COLLS_TCP_HOST", "COLLS_HANDSHAKE_TIMEOUT", "COLLS_MAX_MESSAG
                   "COLLS_NATIVE", "COLLS_HOST_ID", "COLLS_SHM", "COLLS_SEGMENT_BYTES")
 
 
+#: The tags a message may carry, [low, high): every int64 above the frames' control tags
+#: (GOODBYE, PROBE and HOLD, the three smallest), colls' negative collective tags included.
+_TAG_LOW, _TAG_HIGH = HOLD_TAG + 1, MAX_TAG + 1
+
+
 def _check_count(name: str, value: object, low: int, high: int, op: str) -> int:
     if type(value) is int and low <= value < high:  # the common case, without the ABC check
         return value
@@ -151,9 +156,9 @@ class TcpBackend(Backend):
         # The common case in one test, without calls; _check_count converts or raises
         # otherwise (its two calls cost each message of a ping-pong about 0.3 us).
         if not (type(dst) is int and 0 <= dst < self.world_size
-                and type(tag) is int and HOLD_TAG < tag <= MAX_TAG):
+                and type(tag) is int and _TAG_LOW <= tag < _TAG_HIGH):
             dst = _check_count("dst", dst, 0, self.world_size, "isend")
-            tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "isend")
+            tag = _check_count("tag", tag, _TAG_LOW, _TAG_HIGH, "isend")
         return self._engine.isend(array, dst, tag)
 
     def irecv(self, array: Any, src: int | None, tag: int) -> Work:
@@ -164,10 +169,10 @@ class TcpBackend(Backend):
                 writable C-contiguous buffer.
         """
         if not ((src is None or (type(src) is int and 0 <= src < self.world_size))
-                and type(tag) is int and HOLD_TAG < tag <= MAX_TAG):  # as isend's
+                and type(tag) is int and _TAG_LOW <= tag < _TAG_HIGH):  # as isend's
             if src is not None:
                 src = _check_count("src", src, 0, self.world_size, "irecv")
-            tag = _check_count("tag", tag, HOLD_TAG + 1, MAX_TAG + 1, "irecv")
+            tag = _check_count("tag", tag, _TAG_LOW, _TAG_HIGH, "irecv")
         return self._engine.irecv(array, src, tag)
 
     def send(self, array: Any, dst: int, tag: int) -> None:
