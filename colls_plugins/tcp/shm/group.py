@@ -192,9 +192,10 @@ class ShmGroup:
             self.post = self._post_native  # type: ignore[method-assign]
             self.wait = self._wait_native  # type: ignore[method-assign]
             self.check = self._check_native  # type: ignore[method-assign]
-        # wait_all(target, what) is wait(peers, target, what) without a frame of its own: every
-        # collective through shared memory calls it, a tiny all_reduce's being a few us long.
-        self.wait_all = functools.partial(self.wait, self.peers)  # type: ignore[method-assign]
+        #: ``wait_all(target, what)``: wait until every peer has posted phase ``target``. It is
+        #: ``wait(peers, target, what)`` without a frame of its own: every collective through
+        #: shared memory calls it, a tiny all_reduce's being a few us long.
+        self.wait_all: Callable[[int, str], None] = functools.partial(self.wait, self.peers)
 
     @property
     def spin_iterations(self) -> int:
@@ -413,11 +414,6 @@ class ShmGroup:
             poller = self._pollers.poller = select.poll()
             poller.register(self._wake_sock, select.POLLIN)
         return poller
-
-    def wait_all(self, target: int, what: str) -> None:
-        """Wait until every peer has posted phase ``target`` (bound at init to ``wait``'s
-        partial, so that this frame is not run)."""
-        self.wait(self.peers, target, what)
 
     # -- slots ---------------------------------------------------------------------------------
     def claim_slot(self, tag: int, what: str) -> int:
