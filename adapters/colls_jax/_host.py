@@ -97,8 +97,7 @@ def _load(x: Any, out: Any) -> None:
 
 def all_reduce(x: Any, out: Any, *, op: Any, group: Any) -> None:
     """Write the reduction of ``x`` over the group into ``out``."""
-    if x is not out:  # aliased (the FFI path) or copied already (the eager path): in place
-        _load(x, out)
+    _load(x, out)
     colls.all_reduce(out, op, group)
 
 
