@@ -223,8 +223,9 @@ def _table(got: dict[str, dict[str, object] | None], sizes: list[int], field: st
         vals = [got[k][field][str(nbytes)] if got[k] else None  # type: ignore[index]
                 for k in ("mpi4jax", "tcp", "mpi")]
         cells = [f"{v:.1f}" if v is not None else "-" for v in vals]
-        ratios = [f"{v / vals[0]:.2f}x" if v is not None and vals[0] else "-"
-                  for v in vals[1:]]
+        # A difference of two timings can come out at or below zero on a noisy host: no ratio.
+        ratios = [f"{v / vals[0]:.2f}x" if v is not None and v > 0 and vals[0] and vals[0] > 0
+                  else "-" for v in vals[1:]]
         print(f"| {_human(nbytes)} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
